@@ -1,0 +1,1 @@
+"""specexport exporter: cut a causal LM into speculative-decoding pieces and export them."""

