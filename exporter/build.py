@@ -45,7 +45,7 @@ def _reference(model, exit_layer: int):
     return run
 
 
-def parity_sequences(tokenizer, vocab: int, seed: int = 0) -> list[list[int]]:
+def parity_sequences(tokenizer, vocab: int, context: int, seed: int = 0) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     seqs = [rng.integers(0, vocab, size=24).tolist()]
     for prompt in parity.PARITY_PROMPTS:
@@ -54,7 +54,7 @@ def parity_sequences(tokenizer, vocab: int, seed: int = 0) -> list[list[int]]:
             text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                                  add_generation_prompt=True)
         seqs.append(tokenizer(text, add_special_tokens=False)["input_ids"])
-    return seqs
+    return [s[:context] for s in seqs]
 
 
 def build_bundle(out: Path, recipe: str | None = None, model: str | None = None, exit_layer: int | None = None,
@@ -111,7 +111,7 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
             parity.PieceCheck("shallow", lambda r: r["input_ids"], {"hidden": "h_exit"}),
             parity.PieceCheck("deep", lambda r: r["h_exit"], {"logits": "logits"}),
         ]
-        report = parity.run_checks(writer.tmp, writer.pieces, checks, parity_sequences(tokenizer, dims.vocab),
+        report = parity.run_checks(writer.tmp, writer.pieces, checks, parity_sequences(tokenizer, dims.vocab, context),
                                    _reference(torch_model, ell), precision, context)
         for name, result in report.items():
             writer.pieces[name]["parity"] = result

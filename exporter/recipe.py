@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import copy
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 from ..runtime.errors import SpecExportError
 

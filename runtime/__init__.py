@@ -1,1 +1,12 @@
-"""specexport runtime: load a bundle and run speculative decoding (numpy, onnxruntime, tokenizers)."""
+"""specexport runtime: load a bundle and run (speculative) decoding with numpy, onnxruntime, tokenizers.
+
+    from specexport.runtime import load
+    session = load("bundles/smollm2")
+    for text in session.stream("Explain how a hash table works.", max_new_tokens=128):
+        print(text, end="")
+"""
+
+from .errors import SpecExportError
+from .session import Generation, Session, load
+
+__all__ = ["Generation", "Session", "SpecExportError", "load"]

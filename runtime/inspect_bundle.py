@@ -53,7 +53,8 @@ def render(report: dict) -> str:
         layers = f" layers [{p['layers'][0]}, {p['layers'][1]})" if p["layers"] else ""
         lines.append(f"  {name:<8} {p['file']}{layers}, {p['bytes'] / 1e6:.1f} MB, {p['kv_count']} KV caches"
                      f" ({p['kv_mode']}){parity}")
-        lines.append("           in:  " + "; ".join(_shape(t) for t in p["inputs"] if not t["name"].startswith("past_")))
+        inputs = [t for t in p["inputs"] if not t["name"].startswith("past_")]
+        lines.append("           in:  " + "; ".join(_shape(t) for t in inputs))
         lines.append("           out: " + "; ".join(_shape(t) for t in p["outputs"]
                                                    if not t["name"].startswith("present_")))
     engines = report["tensorrt"].get("engines") or []

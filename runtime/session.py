@@ -96,7 +96,7 @@ class Session:
         opts = self.options(**overrides)
         detok = Detokenizer(self.codec)
         reason = "length"
-        for _, reason in self._tokens(list(prompt_ids), opts, detok):
+        for _, reason in self._tokens(list(prompt_ids), opts, detok):  # noqa: B007 - the last one counts
             pass
         return Generation(detok.emitted, detok.ids, self.last_stats, reason)
 

@@ -1,0 +1,113 @@
+"""Shared fixtures: a tiny random Llama (unit and parity tests) and the real default bundle, built once
+per exporter version and cached under $SPECEXPORT_CACHE (git-ignored) across sessions."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+os.environ.setdefault("SPECEXPORT_CACHE", str(REPO / ".cache"))
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are tiny.<|im_end|>\n' }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+CORPUS = [
+    "the quick brown fox jumps over the lazy dog", "a hash table maps keys to values",
+    "speculative decoding drafts tokens and verifies them", "write a haiku about the sea",
+    "what is seventeen times twenty three", "explain how a hash table works",
+] * 20
+
+
+def _tiny_tokenizer(path: Path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<|im_start|>",
+                                   eos_token="<|im_end|>", pad_token="<|im_end|>")
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(path)
+    return fast
+
+
+def make_tiny_checkpoint(path: Path, layers: int = 4, seed: int = 0, model_type: str = "llama") -> Path:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = _tiny_tokenizer(path)
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      rope_theta=10000.0, tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    model = LlamaForCausalLM(cfg)
+    # random init makes every logit near-equal; larger weights give peaked, tie-free distributions
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(8.0)
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_bundles(tmp_path_factory, tiny_checkpoint):
+    """build(flavour, exit_layer) -> bundle path, memoised for the session."""
+    from specexport.exporter.build import build_bundle
+
+    root = tmp_path_factory.mktemp("tiny-bundles")
+    built: dict[tuple, Path] = {}
+
+    def build(flavour: str = "ort", exit_layer: int = 2, context: int = 256) -> Path:
+        key = (flavour, exit_layer, context)
+        if key not in built:
+            out = root / f"{flavour}-l{exit_layer}-c{context}"
+            build_bundle(out, model=str(tiny_checkpoint), exit_layer=exit_layer, context=context,
+                         flavour=flavour)
+            built[key] = out
+        return built[key]
+
+    return build
+
+
+def exporter_fingerprint() -> str:
+    """Changes whenever the exporter or the default recipe does, so the cached bundle is rebuilt."""
+    digest = hashlib.sha256()
+    for path in sorted([*(REPO / "exporter").glob("*.py"), *(REPO / "recipes").glob("*.toml"),
+                        *(REPO / "recipes").glob("adapters/*")]):
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+@pytest.fixture(scope="session")
+def default_bundle() -> Path:
+    """The real SmolLM2-135M-Instruct bundle (default recipe), built once per exporter version."""
+    import shutil
+
+    from specexport.exporter.build import build_bundle
+    from specexport.runtime.paths import cache_dir
+
+    out = cache_dir("test-bundles") / f"smollm2-{exporter_fingerprint()}"
+    if not (out / "manifest.json").is_file():
+        for stale in out.parent.glob("smollm2-*"):  # 650 MB each: keep only the current one
+            shutil.rmtree(stale, ignore_errors=True)
+        build_bundle(out, force=True)
+    return out

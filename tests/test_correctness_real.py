@@ -1,0 +1,66 @@
+"""On the real default model: the bundle decodes exactly like Hugging Face transformers, and where the
+model is cut changes nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from specexport.runtime import load
+
+from .real_prompts import PROMPTS
+
+pytestmark = pytest.mark.slow
+NEW_TOKENS = 64
+
+
+@pytest.fixture(scope="module")
+def session(default_bundle):
+    return load(default_bundle)
+
+
+@pytest.fixture(scope="module")
+def hf_model(default_bundle):
+    from transformers import AutoModelForCausalLM
+
+    checkpoint = json.loads((default_bundle / "manifest.json").read_text())["provenance"]["checkpoint"]
+    return AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+
+
+def hf_greedy(model, ids: list[int], eos: set[int]) -> list[int]:
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=min(eos))
+    new = out[0, len(ids):].tolist()
+    for i, t in enumerate(new):
+        if t in eos:
+            return new[:i]
+    return new
+
+
+def test_greedy_matches_transformers_generate(session, hf_model):
+    eos = session.codec.eos_ids
+    mismatches = []
+    for prompt in PROMPTS:
+        ids = session.prompt_ids(prompt, session.options())
+        ours = session.generate_ids(ids, max_new_tokens=NEW_TOKENS, mode="ar").tokens
+        theirs = hf_greedy(hf_model, ids, eos)
+        if ours != theirs:
+            mismatches.append(prompt)
+    assert len(PROMPTS) == 20
+    assert not mismatches, f"token mismatch with transformers on: {mismatches}"
+
+
+@pytest.mark.parametrize("exit_layer", [1, 29])
+def test_exit_layer_changes_nothing(session, default_bundle, exit_layer, tmp_path_factory):
+    from specexport.exporter.build import build_bundle
+
+    checkpoint = json.loads((default_bundle / "manifest.json").read_text())["provenance"]["checkpoint"]
+    out = tmp_path_factory.mktemp(f"l{exit_layer}") / "bundle"
+    build_bundle(out, model=checkpoint, exit_layer=exit_layer)
+    other = load(out)
+    for prompt in PROMPTS[:6]:
+        ids = session.prompt_ids(prompt, session.options())
+        assert other.generate_ids(ids, max_new_tokens=NEW_TOKENS, mode="ar").tokens == \
+            session.generate_ids(ids, max_new_tokens=NEW_TOKENS, mode="ar").tokens, prompt
