@@ -33,14 +33,18 @@ def versions() -> dict:
     return out
 
 
-def _reference(model, exit_layer: int):
+def _reference(model, exit_layer: int, adapter=None):
     import torch
 
     def run(seq: list[int]) -> dict:
         with torch.inference_mode():
             out = model(torch.tensor([seq]), output_hidden_states=True)
-        return {"input_ids": np.asarray([seq], dtype=np.int64),
-                "h_exit": out.hidden_states[exit_layer].numpy(), "logits": out.logits.numpy()}
+            ref = {"input_ids": np.asarray([seq], dtype=np.int64),
+                   "h_exit": out.hidden_states[exit_layer].numpy(), "logits": out.logits.numpy()}
+            if adapter is not None:
+                y = adapter.hidden(out.hidden_states[exit_layer])
+                ref["adapter_logits"] = (y @ model.lm_head.weight.T).numpy()
+        return ref
 
     return run
 
@@ -59,7 +63,9 @@ def parity_sequences(tokenizer, vocab: int, context: int, seed: int = 0) -> list
 
 def build_bundle(out: Path, recipe: str | None = None, model: str | None = None, exit_layer: int | None = None,
                  context: int | None = None, flavour: str | None = None, force: bool = False,
-                 command: str = "") -> dict:
+                 adapter: str | None = None, command: str = "") -> dict:
+    """Build a bundle at `out`. `adapter`: 'auto' (shipped, cached or freshly trained), 'none',
+    'untrained' (tests only) or a trained adapter directory."""
     cfg = with_overrides(load_recipe(recipe), exit_layer=exit_layer, context=context, flavour=flavour)
     exp = cfg["export"]
     flavour, precision = exp.get("flavour", "ort"), exp.get("precision", "fp32")
@@ -68,7 +74,7 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
     if precision not in PRECISIONS:
         raise SpecExportError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
     context = int(exp.get("context", 2048))
-    stages = tqdm(total=5, desc="build", unit="stage", file=sys.stderr, disable=None)
+    stages = tqdm(total=6, desc="build", unit="stage", file=sys.stderr, disable=None)
 
     def stage(name: str) -> None:
         stages.set_postfix_str(name)
@@ -106,13 +112,28 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
         del deep
         stages.update()
 
+        stage("adapter")
+        from .adapter_source import resolve_adapter
+
+        adapter_module, adapter_meta = resolve_adapter(adapter, torch_model, source.checkpoint,
+                                                       source.origin_sha256, cfg, ell)
+        if adapter_module is not None:
+            adapter_w, adapter_mlp = adapter_module.graph_weights()
+            graph = llama_graph.build_adapter(dims, weights.rope, adapter_w, weights.lm_head, flavour, dtype,
+                                              mlp=adapter_mlp)
+            summary = {k: adapter_meta.get(k) for k in ("source", "arch", "heldout", "raw_exit_agreement")}
+            writer.add_piece("adapter", graph, flavour, layers=None, exit_layer=ell, training=summary)
+        stages.update()
+
         stage("checking parity")
         checks = [
             parity.PieceCheck("shallow", lambda r: r["input_ids"], {"hidden": "h_exit"}),
             parity.PieceCheck("deep", lambda r: r["h_exit"], {"logits": "logits"}),
         ]
+        if adapter_module is not None:
+            checks.append(parity.PieceCheck("adapter", lambda r: r["h_exit"], {"logits": "adapter_logits"}))
         report = parity.run_checks(writer.tmp, writer.pieces, checks, parity_sequences(tokenizer, dims.vocab, context),
-                                   _reference(torch_model, ell), precision, context)
+                                   _reference(torch_model, ell, adapter_module), precision, context)
         for name, result in report.items():
             writer.pieces[name]["parity"] = result
         stages.update()

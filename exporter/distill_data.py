@@ -159,9 +159,7 @@ def generate_responses(
         for b in range(0, len(order), batch_size):
             rows = order[b : b + batch_size]
             # The chat template already carries the special tokens; do not let the tokenizer add a BOS.
-            enc = tokenizer(
-                [texts[i] for i in rows], add_special_tokens=False, padding=True, return_tensors="pt"
-            )
+            enc = tokenizer([texts[i] for i in rows], add_special_tokens=False, padding=True, return_tensors="pt")
             with torch.inference_mode():
                 out = model.generate(
                     input_ids=enc["input_ids"],

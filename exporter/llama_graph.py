@@ -264,13 +264,16 @@ def build_deep(dims: Dims, rope: Rope, layers: list[LayerWeights], final_norm: n
 
 
 def build_adapter(dims: Dims, rope: Rope, adapter: AdapterWeights, lm_head: np.ndarray, flavour: str,
-                  float_dtype=np.float32):
-    """Kangaroo's adapter. Besides logits it emits the greedy draft token and its probability, so a
-    greedy draft step reads two numbers instead of a vocabulary-sized row."""
+                  float_dtype=np.float32, mlp: LayerWeights | None = None):
+    """Kangaroo's adapter (plus an optional MLP: a full decoder block). Besides logits it emits the
+    greedy draft token and its probability, so a greedy draft step reads two numbers instead of a
+    vocabulary-sized row."""
     pg = PieceGraph("adapter", dims, rope, flavour, float_dtype)
     b = pg.b
     h = _hidden_input(pg)
     x = b.op("Add", [h, pg.attention(pg.rms_norm(h, adapter.input_norm), adapter.attn)])
+    if mlp is not None:
+        x = b.op("Add", [x, pg.mlp(pg.rms_norm(x, mlp.post_norm), mlp)])
     logits = pg.lm_head(pg.rms_norm(x, adapter.output_norm), lm_head, keep_last=True)
     b.output(logits, "logits", np.float32, ["batch", "kept", dims.vocab])
     probs = b.op("Softmax", [logits], axis=-1)

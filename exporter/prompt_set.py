@@ -347,15 +347,20 @@ def _writing(rng: random.Random) -> str:
             rng.choice(STORY_CONSTRAINTS),
         )
         genre = rng.choice(STORY_GENRES)
-        form = rng.choice(
-            [
-                "Write a short story about {c} who {s}. {k}",
-                "Can you write a {g} story about {c} who {s}? {k}",
-                "Write a {g} short story. The main character is {c} who {s}. {k}",
-                "I need a piece of flash fiction about {c} who {s}. {k}",
-                "Tell me a {g} tale about {c} who {s}. {k}",
+        genre = ("an " if genre[0] in "aeiou" else "a ") + genre
+        forms = [
+            "Write a short story about {c}. In the story, the main character {s}. {k}",
+            "I need a piece of flash fiction about {c}. One day, the hero {s}. {k}",
+            "Write {g} short story about {c}. The plot: the main character {s}. {k}",
+        ]
+        # A second "who" clause after a character that already has one reads badly.
+        if " who " not in char and " that " not in char:
+            forms += [
+                "Can you write {g} story about {c} who {s}? {k}",
+                "Tell me {g} tale about {c} who {s}. {k}",
+                "Write {g} short story. The main character is {c} who {s}. {k}",
             ]
-        )
+        form = rng.choice(forms)
         return form.format(c=char, s=sit, k=con, g=genre).strip()
     if kind == "poem":
         form = rng.choice(POEM_FORMS)
@@ -369,10 +374,7 @@ def _writing(rng: random.Random) -> str:
             ]
         )
     if kind == "acrostic":
-        return (
-            f"Write an acrostic poem using the word {rng.choice(ACROSTIC_WORDS)}, about "
-            f"{rng.choice(POEM_SUBJECTS)}."
-        )
+        return f"Write an acrostic poem using the word {rng.choice(ACROSTIC_WORDS)}, about {rng.choice(POEM_SUBJECTS)}."
     if kind == "email":
         purpose = rng.choice(EMAIL_PURPOSES).format(
             product=rng.choice(PRODUCTS),
@@ -416,15 +418,14 @@ def _writing(rng: random.Random) -> str:
     if kind == "cover":
         years = rng.randint(1, 9)
         return (
-            f"Write a cover letter for a {rng.choice(JOBS)} position at {rng.choice(COMPANIES)}. "
-            f"I have {years} year{'s' if years > 1 else ''} of relevant experience and I am based in "
+            f"Write a cover letter for a {rng.choice(JOBS)} position at {rng.choice(COMPANIES)}. I have "
+            f"{years} year{'s' if years > 1 else ''} of relevant experience and I am based in "
             f"{rng.choice(CITIES)}."
         )
     if kind == "review":
         return (
             f"Write a restaurant review of a fictional place called {rng.choice(RESTAURANT_NAMES)} that "
-            "serves "
-            f"{rng.choice(CUISINES)} food. "
+            f"serves {rng.choice(CUISINES)} food. "
             f"{rng.choice(['Make it glowing.', 'Make it mixed.', 'Be honest but kind.', 'Make it funny.'])}"
         )
     if kind == "dialogue":
@@ -706,8 +707,8 @@ PERSONAS: dict[str, list[str]] = {
 }
 GENERIC_RP_QUESTIONS = _items("""
 Introduce yourself and describe a typical day.
-What advice would you give to a beginner in your line of work?
-What is the best and worst part of your life? | Tell me about a memorable day you had recently.
+What advice would you give to someone who wants to do what you do?
+What is the best part of your life, and what is the hardest? | Tell me about a memorable day you had recently.
 What would you change about your world if you could? | Describe where you are right now in detail.
 """)
 RP_FRAMES = _items("""
@@ -813,7 +814,7 @@ def _ordering_puzzle(rng: random.Random) -> str:
         [
             f"Who is the {top}?",
             f"Who is the {bottom}?",
-            "List all of them in order, from most to least.",
+            f"List all of them in order, from the {top} to the {bottom}.",
             f"Who is the {top}, and who is the {bottom}?",
             f"Is {order[-2]} ahead of {order[1]}? Explain.",
         ]
@@ -884,10 +885,7 @@ def _seating_puzzle(rng: random.Random) -> str:
         ]
     ).format(n=n)
     if "stand" in setting or "park" in setting:
-        lines = [
-            ln.replace("does not sit", "is not").replace("sits", "is").replace("seat", "position")
-            for ln in lines
-        ]
+        lines = [ln.replace("does not sit", "is not").replace("sits", "is").replace("seat", "position") for ln in lines]
     ask = rng.choice(
         [
             "Give the full order from left to right.",
@@ -895,9 +893,7 @@ def _seating_puzzle(rng: random.Random) -> str:
             f"Who is directly to the right of {rng.choice(people)}, if anyone?",
         ]
     )
-    return (
-        f"{', '.join(people[:-1])} and {people[-1]} {setting}. {' '.join(lines)} {ask} Show your reasoning."
-    )
+    return f"{', '.join(people[:-1])} and {people[-1]} {setting}. {' '.join(lines)} {ask} Show your reasoning."
 
 
 def _syllogism(rng: random.Random) -> str:
@@ -924,10 +920,7 @@ def _conditional(rng: random.Random) -> str:
     if kind == 0:
         return f"If {p}, then {q}. We know that it is not true that {q}. What can we conclude, and why?"
     if kind == 1:
-        return (
-            f"Rule: if {p}, then {q}. Observation: {q}. Can we conclude that {p}? Explain the logical "
-            "error, if any."
-        )
+        return f"Rule: if {p}, then {q}. Observation: {q}. Can we conclude that {p}? Explain the logical error, if any."
     if kind == 2:
         return (
             f"Suppose the statement 'if {p}, then {q}' is true. Which of these must also be true: its "
@@ -960,26 +953,18 @@ def _knights_knaves(rng: random.Random) -> str:
             else:
                 statements.append(f'{names[i]} says: "Exactly one of us is a knight."')
                 funcs.append(lambda t: sum(t) == 1)
-        sols = [
-            t
-            for t in itertools.product([True, False], repeat=n)
-            if all(funcs[i](t) == t[i] for i in range(n))
-        ]
+        sols = [t for t in itertools.product([True, False], repeat=n) if all(funcs[i](t) == t[i] for i in range(n))]
         if len(sols) == 1:
             break
     intro = rng.choice(
         [
             "On an island, knights always tell the truth and knaves always lie.",
-            "In a village, every person is either a truth-teller who never lies or a liar who never tells "
-            "the truth.",
+            "In a village, every person is either a truth-teller who never lies or a liar who never tells the truth.",
         ]
     )
     if "village" in intro:
         statements = [s.replace("knave", "liar").replace("knight", "truth-teller") for s in statements]
-    return (
-        f"{intro} You meet {', '.join(names[:-1])} and {names[-1]}. {' '.join(statements)} Who is what? "
-        "Explain."
-    )
+    return f"{intro} You meet {', '.join(names[:-1])} and {names[-1]}. {' '.join(statements)} Who is what? Explain."
 
 
 def _sequence(rng: random.Random) -> str:
@@ -1019,10 +1004,7 @@ def _calendar(rng: random.Random) -> str:
     kind = rng.randrange(4)
     day = rng.choice(WEEKDAYS)
     if kind == 0:
-        return (
-            f"If today is {day}, what day of the week will it be {rng.randint(20, 400)} days from now? "
-            "Explain."
-        )
+        return f"If today is {day}, what day of the week will it be {rng.randint(20, 400)} days from now? Explain."
     if kind == 1:
         return f"If the day after tomorrow is {day}, what day was it three days before yesterday?"
     if kind == 2:
@@ -1032,8 +1014,8 @@ def _calendar(rng: random.Random) -> str:
             f"{rng.randint(15, 28)}th fall?"
         )
     return (
-        f"A meeting happens every {rng.randint(3, 11)} days. The first one is on a {day}. On what "
-        f"weekday is the {rng.randint(5, 20)}th meeting?"
+        f"A meeting happens every {rng.randint(3, 11)} days. The first one is on a {day}. On what weekday is "
+        f"the {rng.randint(5, 20)}th meeting?"
     )
 
 
@@ -1044,22 +1026,21 @@ def _misc_puzzle(rng: random.Random) -> str:
         a, b = rng.choice([(3, 5), (4, 7), (5, 8), (3, 7), (6, 11), (2, 9), (5, 9)])
         t = rng.choice([v for v in range(1, b) if v not in (a, b)])
         return (
-            f"You have a {a}-liter jug and a {b}-liter jug and an unlimited supply of water. How can "
-            f"you measure exactly {t} liters? List the steps."
+            f"You have a {a}-liter jug and a {b}-liter jug and an unlimited supply of water. How can you "
+            f"measure exactly {t} liters? List the steps."
         )
     if kind == 1:
         n = rng.choice([8, 9, 12, 27])
         heavier = rng.choice(["heavier", "lighter"])
         return (
-            f"You have {n} coins that look identical, but one is slightly {heavier}. Using a balance "
-            "scale, what is the smallest number of weighings that guarantees finding it? Describe the "
-            "method."
+            f"You have {n} coins that look identical, but one is slightly {heavier}. Using a balance scale, "
+            "what is the smallest number of weighings that guarantees finding it? Describe the method."
         )
     if kind == 2:
         h, m = rng.randint(1, 12), rng.choice([5, 10, 20, 25, 35, 40, 50, 55])
         return (
-            "What is the smaller angle between the hour hand and the minute hand of a clock at "
-            f"{h}:{m:02d}? Show the calculation."
+            f"What is the smaller angle between the hour hand and the minute hand of a clock at {h}:{m:02d}? "
+            "Show the calculation."
         )
     if kind == 3:
         steps = []
@@ -1072,8 +1053,8 @@ def _misc_puzzle(rng: random.Random) -> str:
     if kind == 4:
         n = rng.randint(5, 30)
         return (
-            f"At a meeting, each of the {n} people shakes hands with every other person exactly once. "
-            "How many handshakes happen? Explain the reasoning."
+            f"At a meeting, each of the {n} people shakes hands with every other person exactly once. How "
+            "many handshakes happen? Explain the reasoning."
         )
     if kind == 5:
         items = rng.choice(
@@ -1084,17 +1065,17 @@ def _misc_puzzle(rng: random.Random) -> str:
             ]
         )
         return (
-            f"A farmer must cross a river with {items[0]}, {items[1]} and {items[2]}. The boat carries "
-            f"the farmer and one item. Left alone, {items[0]} eats {items[1]}, and {items[1]} eats "
-            f"{items[2]}. How does the farmer get everything across?"
+            f"A farmer must cross a river with {items[0]}, {items[1]} and {items[2]}. The boat carries the "
+            f"farmer and one item. Left alone, {items[0]} eats {items[1]}, and {items[1]} eats {items[2]}. "
+            "How does the farmer get everything across?"
         )
     if kind == 6:
         times = sorted(rng.sample(range(1, 13), 4))
         return (
-            "Four hikers must cross a narrow bridge at night with one flashlight. At most two can "
-            "cross at once and they walk at the slower person's pace. Their crossing times are "
-            f"{times[0]}, {times[1]}, {times[2]} and {times[3]} minutes. What is the shortest total "
-            "time for all four to cross?"
+            "Four hikers must cross a narrow bridge at night with one flashlight. At most two can cross at "
+            f"once and they walk at the slower person's pace. Their crossing times are {times[0]}, "
+            f"{times[1]}, {times[2]} and {times[3]} minutes. What is the shortest total time for all four to "
+            "cross?"
         )
     boxes = rng.choice(
         [("green gloves", "yellow gloves"), ("red socks", "blue socks"), ("black marbles", "white marbles")]
@@ -1102,9 +1083,8 @@ def _misc_puzzle(rng: random.Random) -> str:
     x, y = rng.randint(4, 15), rng.randint(4, 15)
     return (
         f"A drawer in a dark room contains {x} {boxes[0]} and {y} {boxes[1]}, mixed together. What is the "
-        "minimum "
-        "number of items you must take out to be sure you have two of the same color? And to be sure of "
-        f"two {boxes[0]}?"
+        "minimum number of items you must take out to be sure you have two of the same color? And to be "
+        f"sure of two {boxes[0]}?"
     )
 
 
@@ -1176,9 +1156,7 @@ def _math(rng: random.Random) -> str:
         op = rng.choice(["+", "-", "×", "÷"])
         return f"Compute {f1[0]}/{f1[1]} {op} {f2[0]}/{f2[1]} and simplify the result.{ask}"
     if kind == 3:
-        return (
-            f"What is {rng.choice([5, 12, 15, 17.5, 22, 35, 64, 80, 125])}% of {rng.randint(40, 5000)}?{ask}"
-        )
+        return f"What is {rng.choice([5, 12, 15, 17.5, 22, 35, 64, 80, 125])}% of {rng.randint(40, 5000)}?{ask}"
     if kind == 4:
         a, x = rng.randint(2, 12), rng.randint(-10, 15)
         b = rng.randint(-30, 30)
@@ -1190,16 +1168,14 @@ def _math(rng: random.Random) -> str:
         if a * d - b * c == 0:
             d -= 1
         return (
-            f"Solve the system of equations: {a}x + {b}y = {a * x + b * y} and {c}x - {abs(d)}y = "
-            f"{c * x + d * y}."
-            f"{ask}"
+            f"Solve the system of equations: {a}x + {b}y = {a * x + b * y} and {c}x - {abs(d)}y = {c * x + d * y}.{ask}"
         )
     if kind == 6:
         r1, r2 = rng.randint(-9, 9), rng.randint(-9, 9)
         b, c = -(r1 + r2), r1 * r2
         return (
-            f"Solve the quadratic equation x^2 {'+' if b >= 0 else '-'} {abs(b)}x "
-            f"{'+' if c >= 0 else '-'} {abs(c)} = 0.{ask}"
+            f"Solve the quadratic equation x^2 {'+' if b >= 0 else '-'} {abs(b)}x {'+' if c >= 0 else '-'} "
+            f"{abs(c)} = 0.{ask}"
         )
     if kind == 7:
         return f"Find the derivative of f(x) = {_poly(rng, rng.randint(2, 4))}.{ask}"
@@ -1219,9 +1195,7 @@ def _math(rng: random.Random) -> str:
         return f"Differentiate {fn} with respect to x.{ask}"
     if kind == 9:
         a, b = sorted(rng.sample(range(-3, 6), 2))
-        return (
-            f"Evaluate the definite integral of {_poly(rng, rng.randint(1, 3))} from x = {a} to x = {b}.{ask}"
-        )
+        return f"Evaluate the definite integral of {_poly(rng, rng.randint(1, 3))} from x = {a} to x = {b}.{ask}"
     if kind == 10:
         a, b = rng.randint(12, 400), rng.randint(12, 400)
         return (
@@ -1270,8 +1244,7 @@ def _math(rng: random.Random) -> str:
                 [
                     f"A right triangle has legs of {a} and {b}. How long is the hypotenuse?",
                     f"A rectangle measures {a} m by {b} m. What are its perimeter, area and diagonal?",
-                    f"A trapezoid has parallel sides {a} and {b} and height {rng.randint(2, 20)}. Find its "
-                    "area.",
+                    f"A trapezoid has parallel sides {a} and {b} and height {rng.randint(2, 20)}. Find its area.",
                 ]
             )
             + ask
@@ -1284,8 +1257,7 @@ def _math(rng: random.Random) -> str:
                     f"How many ways can you choose {k} people from a group of {n}?",
                     f"How many different ordered podiums (1st, 2nd, 3rd) are possible among {n} runners?",
                     f"Compute {n} choose {k} and explain what it counts.",
-                    f"In how many ways can {k} identical balls be put into {rng.randint(2, 5)} distinct "
-                    "boxes?",
+                    f"In how many ways can {k} identical balls be put into {rng.randint(2, 5)} distinct boxes?",
                 ]
             )
             + ask
@@ -1309,8 +1281,8 @@ def _math(rng: random.Random) -> str:
         )
     if kind == 18:
         return (
-            f"Simplify the expression {rng.randint(2, 9)}(x + {rng.randint(1, 9)}) - "
-            f"{rng.randint(2, 9)}(x - {rng.randint(1, 9)}) + {rng.randint(1, 20)}.{ask}"
+            f"Simplify the expression {rng.randint(2, 9)}(x + {rng.randint(1, 9)}) - {rng.randint(2, 9)}(x - "
+            f"{rng.randint(1, 9)}) + {rng.randint(1, 20)}.{ask}"
         )
     if kind == 19:
         r1, r2 = rng.randint(-8, 8), rng.randint(-8, 8)
@@ -1324,8 +1296,7 @@ def _math(rng: random.Random) -> str:
         return (
             rng.choice(
                 [
-                    f"${p} is invested at {r}% interest compounded annually. How much is it worth after {t} "
-                    "years?",
+                    f"${p} is invested at {r}% interest compounded annually. How much is it worth after {t} years?",
                     f"What is the simple interest on ${p} at {r}% per year for {t} years?",
                     f"How many years does it take for money to double at {r}% annual compound interest?",
                 ]
@@ -1360,10 +1331,7 @@ def _math(rng: random.Random) -> str:
     if kind == 23:
         m = [[rng.randint(-5, 9) for _ in range(3)] for _ in range(3)]
         if rng.random() < 0.5:
-            return (
-                f"Find the determinant of the 2x2 matrix [[{m[0][0]}, {m[0][1]}], [{m[1][0]}, "
-                f"{m[1][1]}]].{ask}"
-            )
+            return f"Find the determinant of the 2x2 matrix [[{m[0][0]}, {m[0][1]}], [{m[1][0]}, {m[1][1]}]].{ask}"
         return (
             f"Compute the determinant of the matrix [[{', '.join(map(str, m[0]))}], "
             f"[{', '.join(map(str, m[1]))}], [{', '.join(map(str, m[2]))}]].{ask}"
@@ -1374,10 +1342,8 @@ def _math(rng: random.Random) -> str:
         return (
             rng.choice(
                 [
-                    f"Find the dot product of the vectors ({', '.join(map(str, u))}) and "
-                    f"({', '.join(map(str, v))}).",
-                    f"Compute the cross product of ({', '.join(map(str, u))}) and "
-                    f"({', '.join(map(str, v))}).",
+                    f"Find the dot product of the vectors ({', '.join(map(str, u))}) and ({', '.join(map(str, v))}).",
+                    f"Compute the cross product of ({', '.join(map(str, u))}) and ({', '.join(map(str, v))}).",
                     f"What is the length of the vector ({', '.join(map(str, u))})?",
                 ]
             )
@@ -1437,8 +1403,8 @@ def _math(rng: random.Random) -> str:
             + ask
         )
     expr = (
-        f"{rng.randint(2, 30)} + {rng.randint(2, 9)} × ({rng.randint(2, 20)} - {rng.randint(1, 9)})^2 "
-        f"÷ {rng.choice([2, 4, 8])} - {rng.randint(1, 15)}"
+        f"{rng.randint(2, 30)} + {rng.randint(2, 9)} × ({rng.randint(2, 20)} - {rng.randint(1, 9)})^2 ÷ "
+        f"{rng.choice([2, 4, 8])} - {rng.randint(1, 15)}"
     )
     return f"Evaluate {expr} using the correct order of operations.{ask}"
 
@@ -1474,22 +1440,21 @@ def _math_word(rng: random.Random) -> str:
         p1, p2 = p1 + rng.choice([0, 0.5, 0.25]), p2 + rng.choice([0, 0.75, 0.5])
         bill = rng.choice([20, 50, 100])
         return (
-            f"{n1} buys {a} {i1} at ${p1:.2f} each and {b} {i2} at ${p2:.2f} each, paying with a "
-            f"${bill} bill. How much change does {n1} get?{ask}"
+            f"{n1} buys {a} {i1} at ${p1:.2f} each and {b} {i2} at ${p2:.2f} each, paying with a ${bill} "
+            f"bill. How much change does {n1} get?{ask}"
         )
     if kind == 1:
         v, t = rng.choice(VEHICLES), rng.randint(2, 6)
         d = rng.randint(20, 400)
         return (
-            f"{v.capitalize()} covers {d} km in {t} hours. At the same speed, how long does it take to "
-            f"cover {rng.randint(30, 600)} km?{ask}"
+            f"{v.capitalize()} covers {d} km in {t} hours. At the same speed, how long does it take to cover "
+            f"{rng.randint(30, 600)} km?{ask}"
         )
     if kind == 2:
         d, v1, v2 = rng.randint(100, 600), rng.randint(40, 110), rng.randint(40, 110)
         return (
             f"Two cars start {d} km apart and drive toward each other, one at {v1} km/h and the other at "
-            f"{v2} km/h. "
-            f"After how long do they meet, and how far has the faster car driven?{ask}"
+            f"{v2} km/h. After how long do they meet, and how far has the faster car driven?{ask}"
         )
     if kind == 3:
         a, b = rng.randint(2, 12), rng.randint(2, 12)
@@ -1503,41 +1468,36 @@ def _math_word(rng: random.Random) -> str:
             ]
         )
         return (
-            f"{n1} can {task} in {a} hours and {n2} can do it in {b} hours. How long will it take if "
-            f"they work together?{ask}"
+            f"{n1} can {task} in {a} hours and {n2} can do it in {b} hours. How long will it take if they "
+            f"work together?{ask}"
         )
     if kind == 4:
         p, x, y = rng.randint(20, 400), rng.choice([10, 15, 20, 25, 30, 40]), rng.choice([5, 7, 8, 10, 20])
-        item = rng.choice(
-            ["jacket", "bicycle helmet", "lamp", "pair of boots", "tent", "backpack", "blender"]
-        )
+        item = rng.choice(["jacket", "bicycle helmet", "lamp", "pair of boots", "tent", "backpack", "blender"])
         return (
-            f"A {item} costs ${p}. It is discounted by {x}%, and then a sales tax of {y}% is added. "
-            f"What is the final price?{ask}"
+            f"A {item} costs ${p}. It is discounted by {x}%, and then a sales tax of {y}% is added. What is "
+            f"the final price?{ask}"
         )
     if kind == 5:
         n, m, g = rng.randint(2, 6), rng.randint(5, 20), rng.randint(150, 900)
-        dish = rng.choice(
-            ["pancakes", "a vegetable curry", "cookies", "lemonade", "a lentil soup", "pizza dough"]
-        )
+        dish = rng.choice(["pancakes", "a vegetable curry", "cookies", "lemonade", "a lentil soup", "pizza dough"])
         unit = rng.choice(["grams of flour", "grams of sugar", "milliliters of milk", "grams of lentils"])
         return (
-            f"A recipe for {dish} that serves {n} people uses {g} {unit}. How much is needed to serve "
-            f"{m} people?{ask}"
+            f"A recipe for {dish} that serves {n} people uses {g} {unit}. How much is needed to serve {m} people?{ask}"
         )
     if kind == 6:
         a, b, c = rng.randint(5, 60), rng.randint(20, 400), rng.randint(300, 2500)
         item = rng.choice(["new laptop", "bicycle", "guitar", "telescope", "camera", "sewing machine"])
         return (
-            f"{n1} saves ${a} each week and already has ${b}. A {item} costs ${c}. How many weeks until "
-            f"{n1} can afford it?{ask}"
+            f"{n1} saves ${a} each week and already has ${b}. A {item} costs ${c}. How many weeks until {n1} "
+            f"can afford it?{ask}"
         )
     if kind == 7:
         y, k, n = rng.randint(5, 30), rng.randint(2, 25), rng.randint(2, 15)
         s = 2 * y + k + 2 * n
         return (
-            f"{n1} is {k} years older than {n2}. In {n} years, the sum of their ages will be {s}. How "
-            f"old is {n2} now?{ask}"
+            f"{n1} is {k} years older than {n2}. In {n} years, the sum of their ages will be {s}. How old is "
+            f"{n2} now?{ask}"
         )
     if kind == 8:
         a, b = rng.randint(2, 7), rng.randint(2, 7)
@@ -1550,20 +1510,20 @@ def _math_word(rng: random.Random) -> str:
             ]
         )
         return (
-            f"The ratio of {grp[0]} to {grp[1]} in {grp[2]} is {a}:{b}. If there are {total} in total, "
-            f"how many {grp[0]} are there?{ask}"
+            f"The ratio of {grp[0]} to {grp[1]} in {grp[2]} is {a}:{b}. If there are {total} in total, how "
+            f"many {grp[0]} are there?{ask}"
         )
     if kind == 9:
         length, width, t = rng.randint(3, 12), rng.randint(3, 10), rng.choice([20, 25, 30, 40, 50])
         return (
-            f"A room is {length} m long and {width} m wide. How many square tiles of side {t} cm are "
-            f"needed to cover the floor?{ask}"
+            f"A room is {length} m long and {width} m wide. How many square tiles of side {t} cm are needed "
+            f"to cover the floor?{ask}"
         )
     if kind == 10:
         vol, r, q = rng.randint(200, 5000), rng.randint(20, 90), rng.randint(2, 15)
         return (
-            f"A pipe fills a tank of {vol} liters at {r} liters per minute, but a leak drains {q} "
-            f"liters per minute. How long until the tank is full?{ask}"
+            f"A pipe fills a tank of {vol} liters at {r} liters per minute, but a leak drains {q} liters per "
+            f"minute. How long until the tank is full?{ask}"
         )
     if kind == 11:
         c, d, p = (
@@ -1572,35 +1532,32 @@ def _math_word(rng: random.Random) -> str:
             rng.choice([1.45, 1.6, 1.72, 1.89]),
         )
         return (
-            f"A car uses {c} liters of fuel per 100 km. Fuel costs ${p} per liter. How much does a {d} "
-            f"km trip cost?{ask}"
+            f"A car uses {c} liters of fuel per 100 km. Fuel costs ${p} per liter. How much does a {d} km "
+            f"trip cost?{ask}"
         )
     if kind == 12:
         p, total, done = rng.randint(10, 60), rng.randint(200, 900), rng.randint(20, 150)
         return (
-            f"{n1} reads {p} pages a day. The book has {total} pages and {n1} has already read {done}. "
-            f"How many more days are needed to finish?{ask}"
+            f"{n1} reads {p} pages a day. The book has {total} pages and {n1} has already read {done}. How "
+            f"many more days are needed to finish?{ask}"
         )
     if kind == 13:
         perim, length = rng.randint(20, 100) * 2, 0
         length = rng.randint(perim // 8 + 1, perim // 2 - 1)
         return (
-            f"A rectangular garden has a perimeter of {perim} meters and a length of {length} meters. "
-            f"What is its area?{ask}"
+            f"A rectangular garden has a perimeter of {perim} meters and a length of {length} meters. What "
+            f"is its area?{ask}"
         )
     if kind == 14:
         a, frac = rng.randint(60, 300), rng.choice(["half", "a third", "a quarter", "two fifths"])
         item = rng.choice(["muffins", "croissants", "bagels", "cupcakes"])
         return (
             f"A bakery makes {a} {item} in the morning and sells {rng.randint(10, a // 2)} before 9 a.m. "
-            f"Later it sells {frac} of "
-            f"what is left. How many {item} remain?{ask}"
+            f"Later it sells {frac} of what is left. How many {item} remain?{ask}"
         )
     if kind == 15:
         h, m, d = rng.randint(1, 11), rng.choice([0, 10, 15, 20, 35, 45]), rng.randint(80, 190)
-        ev = rng.choice(
-            ["A film", "A concert", "A flight", "A football match with a break", "A theater play"]
-        )
+        ev = rng.choice(["A film", "A concert", "A flight", "A football match with a break", "A theater play"])
         return f"{ev} starts at {h}:{m:02d} p.m. and lasts {d} minutes. At what time does it end?{ask}"
     if kind == 16:
         a = rng.randint(2000, 90000)
@@ -1617,37 +1574,35 @@ def _math_word(rng: random.Random) -> str:
     if kind == 17:
         n, bill, tip = rng.randint(3, 9), rng.randint(60, 480), rng.choice([10, 12, 15, 18, 20])
         return (
-            f"{n} friends share a dinner bill of ${bill} and add a {tip}% tip. If they split it evenly, "
-            f"how much does each person pay?{ask}"
+            f"{n} friends share a dinner bill of ${bill} and add a {tip}% tip. If they split it evenly, how "
+            f"much does each person pay?{ask}"
         )
     if kind == 18:
         r, h = rng.choice([14, 16.5, 18, 21, 24.75, 30]), rng.randint(41, 58)
         return (
-            f"{n1} earns ${r} per hour, and 1.5 times that rate for every hour over 40 in a week. Last "
-            f"week {n1} worked {h} hours. What was the total pay?{ask}"
+            f"{n1} earns ${r} per hour, and 1.5 times that rate for every hour over 40 in a week. Last week "
+            f"{n1} worked {h} hours. What was the total pay?{ask}"
         )
     if kind == 19:
         a, b = rng.randint(10, 40), rng.randint(10, 40)
         pa, pb = rng.randint(2, 9), rng.randint(10, 20)
         return (
-            f"A shop mixes {a} kg of coffee costing ${pa} per kg with {b} kg costing ${pb} per kg. "
-            f"What is the price per kg of the mixture, and what should it sell for to make a 25% profit?{ask}"
+            f"A shop mixes {a} kg of coffee costing ${pa} per kg with {b} kg costing ${pb} per kg. What is "
+            f"the price per kg of the mixture, and what should it sell for to make a 25% profit?{ask}"
         )
     if kind == 20:
         s = [rng.randint(55, 100) for _ in range(rng.randint(3, 5))]
         target = rng.randint(75, 92)
         return (
             f"{n1}'s test scores so far are {', '.join(map(str, s))}. What score is needed on the next test "
-            "to bring the average "
-            f"up to {target}?{ask}"
+            f"to bring the average up to {target}?{ask}"
         )
     w, per = rng.randint(3, 12), rng.randint(2, 6)
     return (
         f"A school trip has {rng.randint(40, 200)} students and {w} teachers. Each minibus holds "
-        f"{rng.choice([12, 15, 18, 22])} people, "
-        f"and each rental costs ${rng.randint(80, 300)}. How many minibuses are needed, and what is the "
-        "total cost? "
-        f"Each student also pays ${per} for lunch; what is the total lunch money?{ask}"
+        f"{rng.choice([12, 15, 18, 22])} people, and each rental costs ${rng.randint(80, 300)}. How many "
+        f"minibuses are needed, and what is the total cost? Each student also pays ${per} for lunch; what is "
+        f"the total lunch money?{ask}"
     )
 
 
@@ -1671,7 +1626,7 @@ splits a list into chunks of size n | checks whether brackets ()[]{} in a string
 returns the second largest distinct number in a list | implements a stack class with push, pop and peek
 generates all permutations of a string | finds the first non-repeating character in a string
 retries a function with exponential backoff, written as a decorator
-is a decorator that logs how long a function takes | checks whether a 9x9 Sudoku grid is valid
+provides a decorator that logs how long a function takes | checks whether a 9x9 Sudoku grid is valid
 computes the power set of a list | finds the length of the longest substring without repeating characters
 transposes a matrix given as a list of lists | implements quicksort | implements merge sort
 checks whether a number is a perfect square without using math.sqrt
@@ -1810,8 +1765,8 @@ cookies and localStorage | WHERE and HAVING in SQL
 CODE_SNIPPETS = [
     (
         "python",
-        "def f(xs):\n    out = []\n    for x in xs:\n        if x not in out:\n            out.append(x)\n  "
-        "  return out",
+        "def f(xs):\n    out = []\n    for x in xs:\n        if x not in out:\n            out.append(x)\n "
+        "   return out",
     ),
     (
         "python",
@@ -1819,22 +1774,21 @@ CODE_SNIPPETS = [
     ),
     (
         "python",
-        "import collections\n\ndef top(words, k):\n    c = collections.Counter(w.lower() for w in words)\n  "
-        "  return [w for w, _ in c.most_common(k)]",
+        "import collections\n\ndef top(words, k):\n    c = collections.Counter(w.lower() for w in words)\n "
+        "   return [w for w, _ in c.most_common(k)]",
     ),
     ("python", "def add_item(item, bucket=[]):\n    bucket.append(item)\n    return bucket"),
     ("python", "def fact(n):\n    if n == 0:\n        return 1\n    return n * fact(n - 1)"),
     ("python", "squares = {n: n * n for n in range(10) if n % 2}\nprint(sum(squares.values()))"),
     (
         "python",
-        "with open('data.txt') as fh:\n    lines = [ln.strip() for ln in fh if "
-        "ln.strip()]\nprint(len(lines))",
+        "with open('data.txt') as fh:\n    lines = [ln.strip() for ln in fh if ln.strip()]\nprint(len(lines))",
     ),
     (
         "python",
-        "def find(xs, target):\n    lo, hi = 0, len(xs)\n    while lo < hi:\n        mid = (lo + hi) // 2\n "
-        "       if xs[mid] < target:\n            lo = mid + 1\n        else:\n            hi = mid\n    "
-        "return lo",
+        "def find(xs, target):\n    lo, hi = 0, len(xs)\n    while lo < hi:\n        mid = (lo + hi) // "
+        "2\n        if xs[mid] < target:\n            lo = mid + 1\n        else:\n            hi = mid\n  "
+        "  return lo",
     ),
     (
         "python",
@@ -1862,8 +1816,7 @@ CODE_SNIPPETS = [
     ),
     (
         "sql",
-        "SELECT c.name, o.total\nFROM customers c\nLEFT JOIN orders o ON o.customer_id = c.id\nWHERE "
-        "o.total > 100;",
+        "SELECT c.name, o.total\nFROM customers c\nLEFT JOIN orders o ON o.customer_id = c.id\nWHERE o.total > 100;",
     ),
     (
         "c",
@@ -1875,8 +1828,7 @@ CODE_SNIPPETS = [
     ("bash", "count=$(grep -c ERROR app.log)\nif [ $count -gt 10 ]; then echo 'too many errors'; fi"),
     (
         "go",
-        "func sum(xs []int) int {\n\ttotal := 0\n\tfor _, x := range xs {\n\t\ttotal += x\n\t}\n\treturn "
-        "total\n}",
+        "func sum(xs []int) int {\n\ttotal := 0\n\tfor _, x := range xs {\n\t\ttotal += x\n\t}\n\treturn total\n}",
     ),
     ("rust", 'fn main() {\n    let s = String::from("hello");\n    let t = s;\n    println!("{}", s);\n}'),
 ]
@@ -1921,7 +1873,7 @@ def _coding(rng: random.Random) -> str:
     if kind == "py":
         form = rng.choice(
             [
-                "Write a Python function that {t}.{e}",
+                "Write Python code that {t}.{e}",
                 "How do I write Python code that {t}?{e}",
                 "Implement a Python function which {t}.{e}",
                 "Show me a Python solution that {t}.{e}",
@@ -2015,12 +1967,10 @@ def _text_job(rng: random.Random) -> str:
     return (
         f"{rng.choice(COMPANIES)} is hiring a {rng.choice(JOBS)} to join its {rng.choice(TEAMS)} team in "
         f"{rng.choice(CITIES)}. The position is "
-        f"{rng.choice(['full-time', 'part-time', 'a 12-month contract'])} and pays "
-        f"between ${lo:,} and ${lo + rng.randrange(5, 25) * 1000:,} a year. Candidates need at least "
-        f"{rng.randint(1, 6)} years of "
-        f"experience with {rng.choice(SKILLS)} and {rng.choice(SKILLS)}. Applications close on "
-        f"{_date(rng)}. Questions can "
-        f"be sent to {_person(rng)} at "
+        f"{rng.choice(['full-time', 'part-time', 'a 12-month contract'])} and pays between ${lo:,} and "
+        f"${lo + rng.randrange(5, 25) * 1000:,} a year. Candidates need at least {rng.randint(1, 6)} years "
+        f"of experience with {rng.choice(SKILLS)} and {rng.choice(SKILLS)}. Applications close on "
+        f"{_date(rng)}. Questions can be sent to {_person(rng)} at "
         f"jobs@{rng.choice(['brightwater', 'kestrel', 'northwind', 'helix', 'lumen'])}.example."
     )
 
@@ -2028,12 +1978,10 @@ def _text_job(rng: random.Random) -> str:
 def _text_event(rng: random.Random) -> str:
     return (
         f"Join us for a {rng.choice(EVENT_KINDS)} at {rng.choice(VENUES)} in {rng.choice(CITIES)} on "
-        f"{_date(rng)}, from "
-        f"{_clock(rng)} until late. Tickets cost ${rng.randint(0, 40)} for adults and children under "
-        f"{rng.randint(10, 16)} get in "
-        f"free. The event is organized by {_person(rng)} with support from {rng.choice(COMPANIES)}. "
-        f"{rng.choice(EVENT_NOTES)} "
-        f"To volunteer, contact {_person(rng)} before {rng.choice(WEEKDAYS)}."
+        f"{_date(rng)}, from {_clock(rng)} until late. Tickets cost ${rng.randint(0, 40)} for adults and "
+        f"children under {rng.randint(10, 16)} get in free. The event is organized by {_person(rng)} with "
+        f"support from {rng.choice(COMPANIES)}. {rng.choice(EVENT_NOTES)} To volunteer, contact "
+        f"{_person(rng)} before {rng.choice(WEEKDAYS)}."
     )
 
 
@@ -2056,12 +2004,10 @@ def _text_meeting(rng: random.Random) -> str:
     )
     return (
         f"Notes from the {rng.choice(TEAMS)} team meeting on {_date(rng)}. Present: {', '.join(p)}. {p[0]} "
-        f"will {tasks[0]} "
-        f"by {rng.choice(WEEKDAYS)}. {p[1]} agreed to {tasks[1]}, and {p[2]} offered to help. The budget "
-        "for the "
-        f"{rng.choice(['spring campaign', 'website refresh', 'warehouse move', 'training program'])} was "
-        "set at "
-        f"{_money(rng, 2000, 60000, 500)}. {p[3]} asked to {tasks[2]} before the next meeting on "
+        f"will {tasks[0]} by {rng.choice(WEEKDAYS)}. {p[1]} agreed to {tasks[1]}, and {p[2]} offered to "
+        "help. The budget for the "
+        f"{rng.choice(['spring campaign', 'website refresh', 'warehouse move', 'training program'])} was set "
+        f"at {_money(rng, 2000, 60000, 500)}. {p[3]} asked to {tasks[2]} before the next meeting on "
         f"{_date(rng)}."
     )
 
@@ -2072,26 +2018,22 @@ def _text_review(rng: random.Random) -> str:
         f"I bought {prod} from {rng.choice(COMPANIES)} in {rng.choice(MONTHS)} for {_money(rng, 25, 600)}. "
         f"{rng.choice(['Delivery took only two days.', 'It arrived a week late.', 'The box was damaged.'])} "
         f"{rng.choice(['The build quality is excellent', 'It feels a bit flimsy', 'It looks great'])}, and "
-        f"{rng.choice(['setup was quick', 'the manual was confusing', 'support replied fast'])}. "
-        f"After {rng.randint(2, 10)} weeks of use, "
-        f"{rng.choice(['I would buy it again', 'I am returning it', 'I am mostly happy'])}. "
-        f"I give it {rng.randint(1, 5)} out of 5 stars. — {_person(rng)}"
+        f"{rng.choice(['setup was quick', 'the manual was confusing', 'support replied fast'])}. After "
+        f"{rng.randint(2, 10)} weeks of use, "
+        f"{rng.choice(['I would buy it again', 'I am returning it', 'I am mostly happy'])}. I give it "
+        f"{rng.randint(1, 5)} out of 5 stars. — {_person(rng)}"
     )
 
 
 def _text_order(rng: random.Random) -> str:
     items = rng.sample(SHOP_ITEMS, 3)
-    lines = [
-        f"{rng.randint(1, 6)} x {name} at ${price + rng.choice([0.49, 0.99, 0.25]):.2f}"
-        for name, price in items
-    ]
+    lines = [f"{rng.randint(1, 6)} x {name} at ${price + rng.choice([0.49, 0.99, 0.25]):.2f}" for name, price in items]
     return (
         f"Order #{rng.randint(10000, 99999)} from {rng.choice(COMPANIES)}, placed {_date(rng)} by "
-        f"{_person(rng)}. Items: "
-        f"{'; '.join(lines)}. Shipping: ${rng.choice([0, 4.99, 7.5])}. Delivery to {rng.randint(1, 200)} "
+        f"{_person(rng)}. Items: {'; '.join(lines)}. Shipping: ${rng.choice([0, 4.99, 7.5])}. Delivery to "
+        f"{rng.randint(1, 200)} "
         f"{rng.choice(['Elm Road', 'Harbor Street', 'Linden Avenue', 'Quarry Lane', 'Station Road'])}, "
-        f"{rng.choice(CITIES)}. "
-        f"Expected arrival: {rng.choice(WEEKDAYS)}."
+        f"{rng.choice(CITIES)}. Expected arrival: {rng.choice(WEEKDAYS)}."
     )
 
 
@@ -2099,14 +2041,12 @@ def _text_trip(rng: random.Random) -> str:
     a, b, c = rng.sample(AIRPORT_CODES, 3)
     return (
         f"Itinerary for {_person(rng)}: Flight "
-        f"{rng.choice(['TP', 'KL', 'LH', 'AC', 'QF'])}{rng.randint(100, 999)} leaves {a} "
-        f"at {_clock(rng)} on {_date(rng, (2025,))} and lands in {b} at {_clock(rng)}. After a "
-        f"{rng.randint(1, 5)}-hour "
-        f"layover, the connecting flight departs for {c}. Hotel: "
+        f"{rng.choice(['TP', 'KL', 'LH', 'AC', 'QF'])}{rng.randint(100, 999)} leaves {a} at {_clock(rng)} on "
+        f"{_date(rng, (2025,))} and lands in {b} at {_clock(rng)}. After a {rng.randint(1, 5)}-hour layover, "
+        f"the connecting flight departs for {c}. Hotel: "
         f"{rng.choice(['Hotel Aurora', 'The Linden Inn', 'Casa Azul', 'Harborview Lodge'])}, "
         f"{rng.randint(2, 7)} nights, breakfast included. Return flight on {_date(rng, (2025,))}. Booking "
-        "reference "
-        f"{''.join(rng.choice('ABCDEFGHJKLMNPQRSTUVWXYZ23456789') for _ in range(6))}."
+        f"reference {''.join(rng.choice('ABCDEFGHJKLMNPQRSTUVWXYZ23456789') for _ in range(6))}."
     )
 
 
@@ -2114,27 +2054,23 @@ def _text_news(rng: random.Random) -> str:
     co = rng.choice(COMPANIES)
     return (
         f"{co} reported revenue of {_money(rng, 2, 900)} million for the "
-        f"{rng.choice(['first', 'second', 'third', 'fourth'])} "
-        f"quarter, up {rng.randint(1, 30)}% from a year earlier. Chief executive {_person(rng)} said the "
-        "company would open "
-        f"{rng.randint(2, 12)} new locations in {rng.choice(CITIES)} and {rng.choice(CITIES)} next year and "
-        "hire about "
+        f"{rng.choice(['first', 'second', 'third', 'fourth'])} quarter, up {rng.randint(1, 30)}% from a year "
+        f"earlier. Chief executive {_person(rng)} said the company would open {rng.randint(2, 12)} new "
+        f"locations in {rng.choice(CITIES)} and {rng.choice(CITIES)} next year and hire about "
         f"{rng.randint(50, 900)} staff. Shares rose {rng.randint(1, 9)}.{rng.randint(0, 9)}% on "
-        f"{rng.choice(WEEKDAYS)}. "
-        f"Analysts at {rng.choice(COMPANIES)} warned that rising costs could reduce margins."
+        f"{rng.choice(WEEKDAYS[:5])}. Analysts at {rng.choice(COMPANIES)} warned that rising costs could "
+        "reduce margins."
     )
 
 
 def _text_listing(rng: random.Random) -> str:
     return (
         f"For sale: a {rng.randint(1, 5)}-bedroom "
-        f"{rng.choice(['apartment', 'terraced house', 'cottage', 'loft'])} in "
-        f"{rng.choice(CITIES)}, {rng.randint(45, 220)} square meters, built in {rng.randint(1890, 2022)}. "
-        "Features "
+        f"{rng.choice(['apartment', 'terraced house', 'cottage', 'loft'])} in {rng.choice(CITIES)}, "
+        f"{rng.randint(45, 220)} square meters, built in {rng.randint(1890, 2022)}. Features "
         f"{rng.choice(['a sunny balcony', 'a small garden', 'a new kitchen', 'underfloor heating'])} and "
         f"{rng.choice(['a garage', 'a wood stove', 'a shared courtyard', 'views of the river'])}. Asking "
-        "price "
-        f"{_money(rng, 120000, 950000, 5000)}. Viewings on {rng.choice(WEEKDAYS)}s; contact agent "
+        f"price {_money(rng, 120000, 950000, 5000)}. Viewings on {rng.choice(WEEKDAYS)}s; contact agent "
         f"{_person(rng)}."
     )
 
@@ -2150,10 +2086,9 @@ def _text_recipe(rng: random.Random) -> str:
     ]
     return (
         f"My {rng.choice(['grandmother', 'neighbor', 'old flatmate', 'uncle'])}'s recipe: mix {amounts[0]} "
-        "with "
-        f"{amounts[1]}, then stir in {amounts[2]}. Add {amounts[3]} and {amounts[4]}. Cook for "
-        f"{rng.randint(10, 60)} minutes at "
-        f"{rng.choice([160, 180, 200, 220])} °C or until golden. Serves {rng.randint(2, 8)}."
+        f"with {amounts[1]}, then stir in {amounts[2]}. Add {amounts[3]} and {amounts[4]}. Cook for "
+        f"{rng.randint(10, 60)} minutes at {rng.choice([160, 180, 200, 220])} °C or until golden. Serves "
+        f"{rng.randint(2, 8)}."
     )
 
 
@@ -2162,13 +2097,10 @@ def _text_bio(rng: random.Random) -> str:
     return (
         f"{name} was born in {rng.choice(CITIES)} in {rng.randint(1940, 1998)}. After studying "
         f"{rng.choice(['chemistry', 'architecture', 'music', 'economics', 'marine biology', 'history'])} at "
-        "university in "
-        f"{rng.choice(CITIES)}, {name.split()[0]} worked for {rng.randint(3, 20)} years at "
-        f"{rng.choice(COMPANIES)}. In "
-        f"{rng.randint(2005, 2023)} {name.split()[0]} founded {rng.choice(COMPANIES)}, which now employs "
-        f"{rng.randint(10, 800)} "
-        f"people. {name.split()[0]} speaks {rng.choice(LANGUAGES)} and {rng.choice(LANGUAGES)} and lives in "
-        f"{rng.choice(CITIES)}."
+        f"university in {rng.choice(CITIES)}, {name.split()[0]} worked for {rng.randint(3, 20)} years at "
+        f"{rng.choice(COMPANIES)}. In {rng.randint(2005, 2023)} {name.split()[0]} founded "
+        f"{rng.choice(COMPANIES)}, which now employs {rng.randint(10, 800)} people. {name.split()[0]} speaks "
+        f"{rng.choice(LANGUAGES)} and {rng.choice(LANGUAGES)} and lives in {rng.choice(CITIES)}."
     )
 
 
@@ -2180,10 +2112,8 @@ def _text_support(rng: random.Random) -> str:
         f"{rng.randint(100000, 999999)}.\n{agent}: Sorry about that! I see it was sent to the "
         f"{rng.choice(['wrong', 'old'])} address on "
         f"{rng.choice(['Elm Road', 'Quarry Lane', 'Harbor Street'])}. I can resend it today with express "
-        "shipping at no cost.\n"
-        f"{cust}: Yes please, and can I get a refund of the {_money(rng, 3, 15)} shipping fee?\n{agent}: "
-        "Done. "
-        f"You'll see the refund within {rng.randint(2, 10)} business days."
+        f"shipping at no cost.\n{cust}: Yes please, and can I get a refund of the {_money(rng, 3, 15)} "
+        f"shipping fee?\n{agent}: Done. You'll see the refund within {rng.randint(2, 10)} business days."
     )
 
 
@@ -2200,10 +2130,7 @@ EXTRACTION_TEXTS: list[tuple[Callable[[random.Random], str], list[str]]] = [
     ),
     (
         _text_order,
-        [
-            "order number, customer, each item with quantity and unit price, shipping cost and delivery "
-            "address"
-        ],
+        ["order number, customer, each item with quantity and unit price, shipping cost and delivery address"],
     ),
     (_text_trip, ["traveler, flight number, airports, times, hotel, number of nights and booking reference"]),
     (
@@ -2308,6 +2235,13 @@ machine learning and traditional programming | latency and bandwidth | a planet 
 conduction, convection and radiation
 """)
 STEM_WHY = _items("""
+Why do stars twinkle? | Why does a compass point north? | Why do we see rainbows after rain?
+Why do mirrors reverse left and right but not up and down? | Why does coffee keep us awake?
+Why does a balloon stick to a wall after rubbing it on hair? | Why is glass transparent?
+Why do astronauts float on the space station? | Why do ears pop on an airplane?
+Why does the ocean look blue while water in a glass looks clear? | Why do deserts get cold at night?
+Why does a kettle whistle? | Why do some trees lose their leaves in winter while others do not?
+Why do we have fingerprints? | Why does sound travel faster in water than in air?
 Why is the sky blue? | Why do we have leap years? | Why does ice float on water?
 Why do onions make you cry? | Why does bread rise? | Why do cats purr? | Why is sea water salty?
 Why do leaves change color in autumn? | Why can't we see stars during the day?
@@ -2333,22 +2267,21 @@ STEM_TASKS = [
 
 
 def _stem(rng: random.Random) -> tuple[str, str]:
-    kind = rng.choices(["explain", "pair", "why", "task"], weights=[55, 15, 15, 15])[0]
+    kind = rng.choices(["explain", "pair", "why", "task"], weights=[60, 12, 10, 18])[0]
     if kind == "explain":
-        c = rng.choice(STEM_CONCEPTS)
-        return rng.choice(STEM_FRAMES).format(c=c, a=rng.choice(STEM_AUDIENCES)), c
+        c, a = rng.choice(STEM_CONCEPTS), rng.choice(STEM_AUDIENCES)
+        return rng.choice(STEM_FRAMES).format(c=c, a=a), f"{c}|{a}"
     if kind == "pair":
-        p = rng.choice(STEM_PAIRS)
-        return rng.choice(
+        form = rng.choice(
             ["What is the difference between {p}?", "Compare {p}.", "Explain how {p} differ, with examples."]
-        ).format(p=p), p
+        )
+        prompt = form.format(p=rng.choice(STEM_PAIRS))
+        return prompt, prompt
     if kind == "why":
         q = rng.choice(STEM_WHY)
-        return q + rng.choice(
-            ["", " Explain the science.", " Keep the answer short.", " Explain it to a child."]
-        ), q
-    c = rng.choice(STEM_CONCEPTS)
-    return rng.choice(STEM_TASKS).format(c=c), c
+        return q + rng.choice(["", " Explain the science.", " Keep the answer short.", " Explain it to a child."]), q
+    c, task = rng.choice(STEM_CONCEPTS), rng.choice(STEM_TASKS)
+    return task.format(c=c), f"{c}|{task}"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -2397,6 +2330,13 @@ Explain {c} in simple terms. | How does {c} show up in everyday life?
 Give a short introduction to {c} for a beginner.
 """)
 HUM_OPEN = _items("""
+Should voting be compulsory? | What is the value of learning history at school?
+How do festivals and rituals hold communities together? | Can a machine ever create real art?
+Why do some languages disappear, and does it matter? | What does it mean to be a good citizen?
+How has tourism changed the places people visit? | Should museums return objects taken during colonial times?
+What makes a book a classic? | How do maps shape the way we see the world?
+Is it better to live in a big city or a small town? | How does advertising influence what we value?
+What is the role of satire in a democracy? | Why do people keep diaries and letters, and why do historians love them?
 Is it ever right to break the law? Discuss with examples. | What makes a society fair?
 How has the smartphone changed the way families spend time together?
 Why do people believe conspiracy theories? | What can we learn from studying ancient civilizations?
@@ -2415,6 +2355,12 @@ How do cities shape the way people live? | What are the ethical issues around ge
 Should rich countries accept more refugees? Give both sides.
 """)
 HUM_COMPARE = [
+    ("the Athenian democracy", "modern democracies"),
+    ("Baroque music", "Classical-era music"),
+    ("the Tang dynasty", "the Song dynasty"),
+    ("the printing press", "the internet"),
+    ("Romantic poetry", "modernist poetry"),
+    ("Machiavelli", "Confucius"),
     ("Plato", "Aristotle"),
     ("capitalism", "socialism"),
     ("direct democracy", "representative democracy"),
@@ -2434,26 +2380,25 @@ HUM_COMPARE = [
 
 
 def _humanities(rng: random.Random) -> tuple[str, str]:
-    kind = rng.choices(["history", "concept", "open", "compare"], weights=[40, 35, 15, 10])[0]
+    kind = rng.choices(["history", "concept", "open", "compare"], weights=[42, 38, 10, 10])[0]
     if kind == "history":
-        e = rng.choice(HISTORY_EVENTS)
-        return rng.choice(HISTORY_ASKS).format(e=e), e
+        prompt = rng.choice(HISTORY_ASKS).format(e=rng.choice(HISTORY_EVENTS))
+        return prompt, prompt
     if kind == "concept":
-        c = rng.choice(HUM_CONCEPTS)
-        return rng.choice(HUM_ASKS).format(c=c), c
+        prompt = rng.choice(HUM_ASKS).format(c=rng.choice(HUM_CONCEPTS))
+        return prompt, prompt
     if kind == "open":
         q = rng.choice(HUM_OPEN)
-        return q + rng.choice(
-            ["", " Answer in about 200 words.", " Give arguments on more than one side."]
-        ), q
+        return q + rng.choice(["", " Answer in about 200 words.", " Give arguments on more than one side."]), q
     a, b = rng.choice(HUM_COMPARE)
-    return rng.choice(
+    form = rng.choice(
         [
             "Compare and contrast {a} and {b}.",
             "What are the key differences between {a} and {b}?",
             "Explain how {a} and {b} are similar and how they differ.",
         ]
-    ).format(a=a, b=b), a + b
+    )
+    return form.format(a=a, b=b), form.format(a=a, b=b)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -2679,7 +2624,7 @@ def _translation(rng: random.Random) -> str:
     s = sep.join(rng.sample(FOREIGN_SENTENCES[lang], n))
     if rng.random() < 0.15:
         other = rng.choice([x for x in TARGET_LANGS if x != lang])
-        return f'Translate this {lang} sentence into {other}: "{s}"'
+        return f'Translate this {lang} text into {other}: "{s}"'
     return rng.choice(TRANSLATE_FROM).format(lang=lang, s=s)
 
 
@@ -2895,100 +2840,93 @@ this state they can survive freezing, intense heat, high radiation and even the 
 periods. When water returns, they revive within hours. Scientists are studying the special proteins that
 protect their cells, hoping to find ways to preserve vaccines and other medicines without refrigeration.
 """)
-REPORT_TEMPLATES = [
-    "{town} opened a new {facility} on {date}. The project cost {money} and took {n} months to build. Mayor "
-    "{person} said "
-    "the {facility} would serve about {k} residents a week. {detail} Critics argued that the money could "
-    "have been spent on "
-    "{alt}. The first {period} will be free of charge, after which a small fee will apply.",
-    "{company} said on {weekday} that it will {plan}. The decision affects roughly {k} employees across {n} "
-    "sites. "
-    "A spokesperson, {person}, said the change was needed because {reason}. {detail} Unions have asked for "
-    "a meeting "
-    "before the plan takes effect on {date}.",
-    "Students at {school} raised {money} for {cause} by organizing {activity}. The event ran over {n} days "
-    "and involved "
-    "more than {k} volunteers. Teacher {person} said the students planned everything themselves, from the "
-    "budget to the "
-    "posters. {detail} The school hopes to make the event a yearly tradition.",
-    "A team of researchers led by {person} has found that {finding}. The study looked at {k} {subjects} "
-    "over {n} years. "
-    "{detail} The researchers say more work is needed before firm conclusions can be drawn, and they plan a "
-    "larger study "
-    "starting in {month}.",
-]
-REPORT_SLOTS = {
-    "facility": [
-        "swimming pool",
-        "public library branch",
-        "skate park",
-        "community health center",
-        "covered market",
-        "music school",
-        "cycling bridge",
-        "youth center",
-    ],
-    "detail": [
-        "Local businesses expect more customers as a result.",
-        "The design includes a green roof and rainwater storage.",
-        "Several neighbors had complained about noise during construction.",
-        "It is the first such project in the region.",
-        "Early feedback has been mostly positive.",
-        "The opening was delayed twice because of supply problems.",
-    ],
-    "alt": ["road repairs", "school buildings", "public housing", "lower local taxes", "more bus services"],
-    "period": ["month", "two weeks", "three months"],
-    "plan": [
-        "close two of its regional offices",
-        "move its headquarters to a smaller building",
-        "switch its fleet to electric vans",
-        "stop offering paper invoices",
-        "open a training academy for new staff",
-        "merge its sales and support teams",
-    ],
-    "reason": [
-        "costs have risen sharply",
-        "more customers now use its app",
-        "demand has shifted to other regions",
-        "it wants to cut its carbon emissions",
-        "it is struggling to recruit staff",
-    ],
-    "school": [
-        "Hillcrest Secondary School",
-        "St. Brendan's College",
-        "Riverside Primary",
-        "the Northgate Academy",
-    ],
-    "cause": [
-        "a local animal shelter",
-        "new playground equipment",
-        "a children's hospital ward",
-        "flood relief",
-        "the town's food bank",
-    ],
-    "activity": [
-        "a sponsored walk",
-        "a bake sale and concert",
-        "a charity football tournament",
-        "a second-hand book fair",
-    ],
-    "finding": [
-        "people who garden regularly report lower stress levels",
-        "city trees reduce summer street temperatures noticeably",
-        "children who read for pleasure have larger vocabularies",
-        "commuters who cycle take fewer sick days",
-        "short breaks during lectures improve recall",
-        "noise from traffic affects bird song in cities",
-    ],
-    "subjects": [
-        "adults",
-        "schoolchildren",
-        "urban neighborhoods",
-        "households",
-        "university students",
-        "bird populations",
-    ],
-}
+FACILITIES = _items("""
+swimming pool | public library branch | skate park | community health center | covered market | music school
+cycling bridge | youth center | sports hall | concert hall
+""")
+COMPANY_PLANS = _items("""
+close two of its regional offices | move its headquarters to a smaller building
+switch its delivery fleet to electric vans | stop sending paper invoices | open a training academy for new staff
+merge its sales and support teams | offer every employee a paid volunteering day each month
+""")
+COMPANY_REASONS = _items("""
+costs have risen sharply | more customers now use its app | demand has shifted to other regions
+it wants to cut its carbon emissions | it is struggling to recruit staff
+""")
+SCHOOLS = ["Hillcrest Secondary School", "St. Brendan's College", "Riverside Primary", "the Northgate Academy"]
+CAUSES = _items("""
+a local animal shelter | new playground equipment | a children's hospital ward | flood relief | the town's food bank
+""")
+FUNDRAISERS = _items("""
+a sponsored walk | a bake sale and concert | a charity football tournament | a second-hand book fair
+""")
+FINDINGS = _items("""
+people who garden regularly report lower stress levels | city trees noticeably cool streets in summer
+children who read for pleasure have larger vocabularies | commuters who cycle take fewer sick days
+short breaks during lectures improve recall | traffic noise changes the songs of city birds
+""")
+
+FACILITY_NOTES = _items("""
+The design includes a green roof and rainwater storage.
+Neighbors had complained about noise during construction.
+The opening was delayed twice because of supply problems.
+""")
+COMPANY_NOTES_REPORT = _items("""
+Staff were told at a meeting on the same day.
+The company expects the change to take about a year.
+Competitors made similar moves last year.
+""")
+SCHOOL_NOTES = _items("""
+Local shops donated prizes.
+Parents helped with transport.
+The total beat last year by a wide margin.
+""")
+STUDY_NOTES = _items("""
+The effect was small but consistent.
+The effect was strongest in older participants.
+Results were similar across income groups.
+""")
+
+
+def _report(rng: random.Random) -> str:
+    """A short news report assembled from slots, with numbers in a plausible range for each story."""
+    kind = rng.randrange(4)
+    person = _person(rng)
+    if kind == 0:
+        facility = rng.choice(FACILITIES)
+        return (
+            f"{rng.choice(CITIES)} opened a new {facility} on {_date(rng)}. The project cost "
+            f"{_money(rng, 400_000, 20_000_000, 10_000)} and took {rng.randint(5, 30)} months to build. "
+            f"Mayor {person} said the {facility} would serve about {rng.randrange(200, 5000, 50)} residents "
+            f"a week. {rng.choice(FACILITY_NOTES)} Critics argued that the money could have been spent on "
+            f"{rng.choice(['road repairs', 'school buildings', 'public housing', 'more bus services'])}. The "
+            f"first {rng.choice(['month', 'two weeks', 'three months'])} will be free of charge, after which "
+            "a small fee will apply."
+        )
+    if kind == 1:
+        return (
+            f"{rng.choice(COMPANIES)} said on {rng.choice(WEEKDAYS[:5])} that it will "
+            f"{rng.choice(COMPANY_PLANS)}. The decision affects roughly {rng.randrange(40, 3000, 10)} "
+            f"employees across {rng.randint(2, 12)} sites. A spokesperson, {person}, said the change was "
+            f"needed because {rng.choice(COMPANY_REASONS)}. {rng.choice(COMPANY_NOTES_REPORT)} Unions have "
+            f"asked for a meeting before the plan takes effect on {_date(rng)}."
+        )
+    if kind == 2:
+        return (
+            f"Students at {rng.choice(SCHOOLS)} raised {_money(rng, 800, 25_000, 50)} for "
+            f"{rng.choice(CAUSES)} by organizing {rng.choice(FUNDRAISERS)}. The event ran over "
+            f"{rng.randint(1, 5)} days and involved more than {rng.randint(15, 200)} volunteers. Teacher "
+            f"{person} said the students planned everything themselves, from the budget to the posters. "
+            f"{rng.choice(SCHOOL_NOTES)} The school hopes to make the event a yearly tradition."
+        )
+    return (
+        f"A team of researchers led by {person} has found that {rng.choice(FINDINGS)}. The study followed "
+        f"{rng.randrange(120, 20_000, 10)} participants in {rng.choice(CITIES)} over {rng.randint(2, 15)} "
+        f"years. {rng.choice(STUDY_NOTES)} The researchers say more work is needed before firm conclusions "
+        f"can be drawn, and they plan a larger study starting in {rng.choice(MONTHS)}."
+    )
+
+
 SUMMARY_ASKS = _items("""
 Summarize the following paragraph in one sentence. | Summarize this text in three bullet points.
 Give a short summary (under 40 words) of the passage below. | Write a TL;DR for this paragraph.
@@ -2998,23 +2936,6 @@ What is the main idea of this passage? Answer in one or two sentences.
 Write a headline and a one-sentence summary for this text.
 Condense this paragraph to about half its length.
 """)
-
-
-def _report(rng: random.Random) -> str:
-    tmpl = rng.choice(REPORT_TEMPLATES)
-    slots = {k: rng.choice(v) for k, v in REPORT_SLOTS.items()}
-    return tmpl.format(
-        town=rng.choice(CITIES),
-        date=_date(rng),
-        money=_money(rng, 5000, 9000000, 1000),
-        n=rng.randint(2, 14),
-        person=_person(rng),
-        k=rng.randint(40, 5000),
-        company=rng.choice(COMPANIES),
-        weekday=rng.choice(WEEKDAYS),
-        month=rng.choice(MONTHS),
-        **slots,
-    )
 
 
 def _summarization(rng: random.Random) -> tuple[str, str]:
@@ -3161,9 +3082,7 @@ def _qa(rng: random.Random) -> tuple[str, str]:
         return q, a
     if kind == 5:
         inv = rng.choice(INVENTIONS)
-        q = rng.choice(
-            [f"Who invented {inv}?", f"When was {inv} invented?", f"Who is credited with {inv}, and when?"]
-        )
+        q = rng.choice([f"Who invented {inv}?", f"When was {inv} invented?", f"Who is credited with {inv}, and when?"])
         return q, q
     if kind == 6:
         an = rng.choice(ANIMALS)
@@ -3216,11 +3135,8 @@ def _bridge_passage(rng: random.Random, name: str) -> tuple[str, dict[str, str]]
     }
     text = (
         f"The {name} Bridge crosses the {f['river']} River near {f['place']}. It opened in {f['year']} and "
-        "is "
-        f"{f['length']} meters long. The bridge was designed by the engineer {f['designer']} and is built "
-        "mainly of "
-        f"{f['material']}. "
-        f"{rng.choice(BRIDGE_NOTES)}"
+        f"is {f['length']} meters long. The bridge was designed by the engineer {f['designer']} and is built "
+        f"mainly of {f['material']}. {rng.choice(BRIDGE_NOTES)}"
     )
     return text, f
 
@@ -3246,8 +3162,7 @@ def _company_passage(rng: random.Random, name: str) -> tuple[str, dict[str, str]
     }
     text = (
         f"{name} was founded in {f['year']} by {f['founder']} in {f['place']}. The company is known for its "
-        f"{f['product']} and employs about {f['staff']} people. "
-        f"{rng.choice(COMPANY_NOTES)}"
+        f"{f['product']} and employs about {f['staff']} people. {rng.choice(COMPANY_NOTES)}"
     )
     return text, f
 
@@ -3272,10 +3187,8 @@ def _species_passage(rng: random.Random, name: str) -> tuple[str, dict[str, str]
     }
     text = (
         f"The {name} is a small animal found in the {f['habitat']} around {f['place']}. Adults reach about "
-        f"{f['size']} "
-        f"centimeters in length and feed mainly on {f['food']}. It was first described by scientists in "
-        f"{f['year']} and "
-        f"is currently considered {f['status']}."
+        f"{f['size']} centimeters in length and feed mainly on {f['food']}. It was first described by "
+        f"scientists in {f['year']} and is currently considered {f['status']}."
     )
     return text, f
 
@@ -3299,15 +3212,13 @@ def _festival_passage(rng: random.Random, name: str) -> tuple[str, dict[str, str
     }
     text = (
         f"The {name} Festival takes place every {f['month']} in {f['place']}. It was first held in "
-        f"{f['year']} and now "
-        f"attracts around {f['visitors']} visitors. The highlight is {f['event']} on the final evening."
+        f"{f['year']} and now attracts around {f['visitors']} visitors. The highlight is {f['event']} on the "
+        "final evening."
     )
     return text, f
 
 
-ENTITY_KINDS: list[
-    tuple[Callable[[random.Random, str], tuple[str, dict[str, str]]], list[str], list[str], str]
-] = [
+ENTITY_KINDS: list[tuple[Callable[[random.Random, str], tuple[str, dict[str, str]]], list[str], list[str], str]] = [
     (
         _bridge_passage,
         ["Harlow", "Kettering", "Ashby", "Morrow", "Blackwater", "Linden", "Fairholme", "Corrie"],
@@ -3477,9 +3388,7 @@ def _category_prompts(category: str, count: int, seed: int) -> list[str]:
     while len(out) < count:
         attempts += 1
         if attempts > 500 * count + 1000:
-            raise RuntimeError(
-                f"category {category!r} cannot produce {count} distinct prompts (got {len(out)})"
-            )
+            raise RuntimeError(f"category {category!r} cannot produce {count} distinct prompts (got {len(out)})")
         res = gen(rng)
         prompt, key = (res, res) if isinstance(res, str) else res
         prompt = prompt.strip()

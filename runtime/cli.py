@@ -62,9 +62,13 @@ def main() -> None:
 @click.option("--flavour", type=click.Choice(["ort", "standard"]), default=None,
               help="Attention graphs: 'ort' uses ONNX Runtime's GroupQueryAttention with in-place caches;"
               " 'standard' uses opset-17 ops only (TensorRT).")
+@click.option("--adapter", default="auto", show_default=True,
+              help="Kangaroo adapter: 'auto' uses the one shipped or trained earlier for this model and exit"
+              " layer, else trains one by self-distillation; 'none' builds without; or a directory written by"
+              " `specexport train-adapter`.")
 @click.option("--force", is_flag=True, help="Replace an existing bundle at --out.")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON on stdout.")
-def build(out, recipe, model, exit_layer, context, flavour, force, as_json) -> None:
+def build(out, recipe, model, exit_layer, context, flavour, adapter, force, as_json) -> None:
     """Build a bundle: load the model, cut and export its pieces, check them against PyTorch."""
     try:
         from ..exporter.build import build_bundle
@@ -72,12 +76,45 @@ def build(out, recipe, model, exit_layer, context, flavour, force, as_json) -> N
         raise SpecExportError(f"building needs the exporter extra ({exc.name} is missing); install it with"
                               " `pip install 'specexport[export]'`") from None
     manifest = build_bundle(out, recipe=recipe, model=model, exit_layer=exit_layer, context=context,
-                            flavour=flavour, force=force, command=" ".join(["specexport", *sys.argv[1:]]))
+                            flavour=flavour, force=force, adapter=adapter, command=_command())
     if as_json:
         click.echo(json.dumps(manifest, indent=2))
     else:
         pieces = ", ".join(manifest["pieces"])
         click.echo(f"wrote {out} ({pieces}; exit layer {manifest['model']['exit_layer']})", err=True)
+
+
+def _command() -> str:
+    return " ".join(["specexport", *sys.argv[1:]])
+
+
+@main.command("train-adapter")
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="Directory for the trained adapter.")
+@click.option("--recipe", default=None, help="Recipe whose [adapter.train] settings are the defaults.")
+@click.option("--model", default=None, help="Target checkpoint directory or .gguf (default: the recipe's source).")
+@click.option("--exit-layer", type=int, default=None, help="Early-exit layer l the adapter reads (default: recipe).")
+@click.option("--arch", type=click.Choice(["attention", "block"]), default=None,
+              help="attention: Kangaroo's adapter; block: attention + MLP (a full decoder layer).")
+@click.option("--steps", type=int, default=None, help="Optimizer steps.")
+@click.option("--lr", type=float, default=None, help="Peak learning rate (AdamW, cosine decay).")
+@click.option("--prompt-limit", type=int, default=None, help="Use only the first N training prompts.")
+@click.option("--max-new-tokens", type=int, default=None, help="Length of the target's distilled responses.")
+@click.option("--seed", type=int, default=None, help="Seed for data order and initialisation.")
+def train_adapter_cmd(out, recipe, model, exit_layer, arch, steps, lr, prompt_limit, max_new_tokens, seed) -> None:
+    """Train a Kangaroo adapter by self-distillation: the target answers the shipped training prompts
+    (recipes/data/train_prompts.jsonl; never Spec-Bench), then the adapter learns the target's
+    next-token distribution from h_l. Resumable; held-out agreement is printed and saved."""
+    try:
+        from ..exporter.train_cli import train_adapter_command
+    except ImportError as exc:
+        raise SpecExportError(f"training needs the exporter extra ({exc.name} is missing); install it with"
+                              " `pip install 'specexport[export]'`") from None
+    meta = train_adapter_command(out, recipe=recipe, model=model, exit_layer=exit_layer, arch=arch, steps=steps,
+                                 lr=lr, prompt_limit=prompt_limit, max_new_tokens=max_new_tokens, seed=seed,
+                                 command=_command())
+    click.echo(f"wrote {out}: held-out top-1 agreement {meta['heldout']['agreement']:.1%} (before training"
+               f" {meta['heldout_before']['agreement']:.1%}, raw early exit {meta['raw_exit_agreement']:.1%})",
+               err=True)
 
 
 @main.command()

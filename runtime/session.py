@@ -13,6 +13,7 @@ from .decode import Pieces, autoregressive
 from .errors import SpecExportError
 from .manifest import Bundle, load_bundle
 from .sampling import SamplingParams
+from .speculative import self_speculative
 from .stats import Stats
 from .text import Detokenizer, TextCodec, check_prompt_fits
 
@@ -154,7 +155,14 @@ def _ar_loop(session: Session, ids, params, rng, stats, opts):
     return autoregressive(session.pieces, ids, params, rng, stats)
 
 
-LOOPS: dict[str, Callable] = {"ar": _ar_loop}
+def _self_loop(session: Session, ids, params, rng, stats, opts):
+    spec = session.speculative
+    gamma = opts.gamma if opts.gamma is not None else int(spec.get("gamma", 6))
+    eta = opts.eta if opts.eta is not None else float(spec.get("eta", 0.6))
+    return self_speculative(session.pieces, ids, params, rng, stats, gamma, eta, session.bundle.max_context)
+
+
+LOOPS: dict[str, Callable] = {"ar": _ar_loop, "self": _self_loop}
 
 
 def load(bundle: str | Path, backend: str = "onnxruntime", providers: list[str] | None = None,

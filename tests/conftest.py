@@ -76,12 +76,12 @@ def tiny_bundles(tmp_path_factory, tiny_checkpoint):
     root = tmp_path_factory.mktemp("tiny-bundles")
     built: dict[tuple, Path] = {}
 
-    def build(flavour: str = "ort", exit_layer: int = 2, context: int = 256) -> Path:
-        key = (flavour, exit_layer, context)
+    def build(flavour: str = "ort", exit_layer: int = 2, context: int = 256, adapter: str = "none") -> Path:
+        key = (flavour, exit_layer, context, adapter)
         if key not in built:
-            out = root / f"{flavour}-l{exit_layer}-c{context}"
+            out = root / f"{flavour}-l{exit_layer}-c{context}-{Path(adapter).name}"
             build_bundle(out, model=str(tiny_checkpoint), exit_layer=exit_layer, context=context,
-                         flavour=flavour)
+                         flavour=flavour, adapter=adapter)
             built[key] = out
         return built[key]
 

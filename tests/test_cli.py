@@ -50,7 +50,7 @@ def test_bad_usage_exits_2():
 def test_build_generate_inspect_json(tiny_checkpoint, tmp_path):
     out = tmp_path / "b"
     proc = cli("build", "--model", str(tiny_checkpoint), "--exit-layer", "1", "--context", "128", "--out",
-               str(out), "--json")
+               str(out), "--adapter", "none", "--json")
     assert proc.returncode == 0, proc.stderr
     manifest = json.loads(proc.stdout)
     assert manifest["model"]["exit_layer"] == 1
@@ -73,7 +73,7 @@ def test_build_generate_inspect_json(tiny_checkpoint, tmp_path):
 
 def test_existing_bundle_needs_force(tiny_checkpoint, tmp_path):
     out = tmp_path / "b"
-    args = ("build", "--model", str(tiny_checkpoint), "--context", "64", "--out", str(out))
+    args = ("build", "--model", str(tiny_checkpoint), "--context", "64", "--adapter", "none", "--out", str(out))
     assert cli(*args).returncode == 0
     assert_one_sentence_error(cli(*args), "already exists", "--force")
     assert cli(*args, "--force").returncode == 0 and no_partial_dirs(tmp_path)

@@ -1,0 +1,77 @@
+"""Find or make the adapter a build exports: an explicit path, the one shipped for the default model,
+one trained earlier for this target (cache), or a fresh self-distillation run."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ..runtime.errors import SpecExportError
+from ..runtime.paths import cache_dir
+from .recipe import recipes_dir
+from .train_adapter import META_FILE, TrainConfig, load_adapter, train
+
+ADAPTER_CHOICES = ("auto", "none", "untrained")
+
+
+def train_for_target(model, checkpoint: Path, target_sha: str, exit_layer: int, settings: dict, out_dir: Path,
+                     command: str = "") -> Path:
+    """Self-distillation end to end: the target answers the shipped prompt set, then the adapter trains."""
+    from .distill_data import generate_responses, load_sequences, read_prompts
+
+    prompts_file = Path(settings.get("prompts") or recipes_dir() / "data" / "train_prompts.jsonl")
+    prompts = read_prompts(prompts_file)[: settings.get("prompt_limit")]
+    data_dir = cache_dir("distill", f"{target_sha[:16]}-n{len(prompts)}-t{settings.get('max_new_tokens', 192)}")
+    generate_responses(checkpoint, prompts, data_dir, max_new_tokens=int(settings.get("max_new_tokens", 192)),
+                       batch_size=int(settings.get("batch_size", 16)))
+    fields = TrainConfig.__dataclass_fields__
+    cfg = TrainConfig(exit_layer=exit_layer, **{k: v for k, v in settings.items() if k in fields and k != "exit_layer"})
+    train(model, load_sequences(data_dir), cfg, out_dir, target_sha, command=command)
+    return out_dir
+
+
+def resolve_adapter(choice: str | None, model, checkpoint: Path, target_sha: str, recipe: dict, exit_layer: int):
+    """(Adapter module, metadata) or (None, None) for choice 'none'."""
+    choice = choice or "auto"
+    if choice == "none":
+        return None, None
+    if choice == "untrained":  # for tests and experiments: initialised from layer l, never trained
+        from .adapter import Adapter, AdapterConfig
+        from .hf_weights import dims_of
+
+        rotary = model.model.rotary_emb
+        adapter = Adapter(AdapterConfig.for_target(dims_of(model.config, 16), exit_layer), rotary.inv_freq.numpy(),
+                          float(getattr(rotary, "attention_scaling", 1.0)))
+        adapter.init_from_target(model)
+        return adapter.eval(), {"source": "untrained (initialised from layer l)", "exit_layer": exit_layer}
+    if choice != "auto":
+        adapter, meta = load_adapter(Path(choice), model, target_sha)
+        return _check_layer(adapter, meta, exit_layer, choice)
+    settings = recipe.get("adapter", {})
+    candidates = []
+    if settings.get("path"):
+        candidates.append(recipes_dir() / settings["path"])
+    arch = settings.get("arch", "attention")
+    trained = cache_dir("adapters") / f"{target_sha[:16]}-l{exit_layer}-{arch}"
+    candidates.append(trained)
+    for directory in candidates:
+        if (directory / META_FILE).is_file():
+            adapter, meta = load_adapter(directory, model)
+            if meta["target_sha256"] == target_sha and meta["exit_layer"] == exit_layer:
+                return adapter, {**meta, "source": str(directory)}
+    if not settings.get("train_if_missing", True):
+        raise SpecExportError(f"no trained adapter for this model at exit layer {exit_layer}; pass --adapter PATH,"
+                              " --adapter none, or train one with `specexport train-adapter`")
+    print(f"no adapter for this model at exit layer {exit_layer}: training one by self-distillation"
+          " (this takes a while; pass --adapter none to skip)", file=sys.stderr)
+    train_for_target(model, checkpoint, target_sha, exit_layer, {**settings.get("train", {}), "arch": arch},
+                     trained)
+    adapter, meta = load_adapter(trained, model, target_sha)
+    return adapter, {**meta, "source": str(trained)}
+
+
+def _check_layer(adapter, meta: dict, exit_layer: int, where: str):
+    if meta["exit_layer"] != exit_layer:
+        raise SpecExportError(f"adapter {where} was trained at exit layer {meta['exit_layer']} but the build uses"
+                              f" {exit_layer}; pass --exit-layer {meta['exit_layer']}")
+    return adapter, {**meta, "source": where}

@@ -1,0 +1,131 @@
+"""TensorRT targets: one TOML file per device (recipes/targets/), picked by name, alias or path.
+
+A target says which TensorRT the device runs (so which operator matrix applies), its compute capability
+(engines are not portable across either), and the build settings that fit its memory.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from functools import lru_cache
+from pathlib import Path
+
+from ..runtime.errors import SpecExportError
+from .recipe import recipes_dir
+
+OPS_FILE = "trt_ops.json"
+PRECISIONS = ("fp16",)  # strongly typed builds take the precision from the ONNX file
+HARDWARE_COMPAT = ("none", "ampere+")
+BUILD_DEFAULTS = {"precision": "fp16", "max_batch": 1, "builder_optimization_level": 3,
+                  "hardware_compatibility": "none", "version_compatible": False, "verify_opt": 7,
+                  "verify_max": 16}
+
+
+def targets_dir() -> Path:
+    return recipes_dir() / "targets"
+
+
+def _read(path: Path) -> dict:
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecExportError(f"target file {path} is not valid TOML ({exc})") from None
+
+
+def _index() -> dict[str, Path]:
+    """Every name and alias -> its file."""
+    index: dict[str, Path] = {}
+    for path in sorted(targets_dir().glob("*.toml")):
+        data = _read(path)
+        for key in [data.get("name", path.stem), *data.get("aliases", [])]:
+            index.setdefault(key, path)
+    return index
+
+
+def available_targets() -> list[str]:
+    """Target names (aliases left out)."""
+    return sorted(p.stem for p in targets_dir().glob("*.toml"))
+
+
+@lru_cache(maxsize=1)
+def ops_matrix() -> dict:
+    path = recipes_dir() / "data" / OPS_FILE
+    return json.loads(path.read_text())
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in str(version).split(".") if p.isdigit())
+
+
+def matrix_version(trt_version: str) -> str:
+    """The operator-matrix entry for a TensorRT version: '10.3.0.30' -> '10.3'."""
+    versions = ops_matrix()["versions"]
+    key = _version_key(trt_version)
+    for known in versions:
+        if _version_key(known) == key[: len(_version_key(known))]:
+            return known
+    raise SpecExportError(f"TensorRT {trt_version} has no operator matrix in recipes/data/{OPS_FILE}"
+                          f" (it records {', '.join(versions)}); add one from onnx-tensorrt's docs/operators.md")
+
+
+def _validate(data: dict, path: Path) -> dict:
+    where = f"target file {path}"
+    trt = data.get("tensorrt", {})
+    build = {**BUILD_DEFAULTS, **data.get("build", {})}
+    for section, key in (("tensorrt", "version"), ("tensorrt", "compute_capability"), ("build", "max_context"),
+                         ("build", "workspace_mib")):
+        if key not in data.get(section, {}):
+            raise SpecExportError(f"{where} has no [{section}] {key}; every target needs one")
+    if build["precision"] not in PRECISIONS:
+        raise SpecExportError(f"{where} asks for precision {build['precision']!r}; TensorRT targets build"
+                              f" {', '.join(PRECISIONS)} (strongly typed, precision taken from the ONNX file)")
+    if build["hardware_compatibility"] not in HARDWARE_COMPAT:
+        raise SpecExportError(f"{where} has hardware_compatibility {build['hardware_compatibility']!r};"
+                              f" use one of {', '.join(HARDWARE_COMPAT)}")
+    for key in ("max_context", "max_batch", "workspace_mib", "verify_opt", "verify_max"):
+        if not isinstance(build[key], int) or build[key] < 1:
+            raise SpecExportError(f"{where}: [build] {key} must be a positive integer, not {build[key]!r}")
+    if not 0 <= int(build["builder_optimization_level"]) <= 5:
+        raise SpecExportError(f"{where}: builder_optimization_level must be 0..5")
+    if build["verify_max"] > build["max_context"]:
+        raise SpecExportError(f"{where}: verify_max exceeds max_context")
+    build.setdefault("prefill_opt", min(256, build["max_context"]))
+    build["prefill_opt"] = min(int(build["prefill_opt"]), build["max_context"])
+    build["verify_opt"] = min(build["verify_opt"], build["verify_max"])
+    cc = str(trt["compute_capability"])
+    major, _, minor = cc.partition(".")
+    if not (major.isdigit() and minor.isdigit()):
+        raise SpecExportError(f"{where}: compute_capability must look like '8.7', not {cc!r}")
+    version = str(trt["version"])
+    return {
+        "name": data.get("name", path.stem), "description": data.get("description", ""),
+        "aliases": list(data.get("aliases", [])), "device": data.get("device", "dgpu"),
+        "path": str(path), "software": dict(data.get("software", {})),
+        "tensorrt": {"version": version, "matrix": matrix_version(version), "compute_capability": cc,
+                     "sm": f"sm_{major}{minor}", "opset": int(trt.get("opset", 17))},
+        "build": build, "memory": dict(data.get("memory", {})),
+    }
+
+
+def load_target(name_or_path: str | dict) -> dict:
+    """A target by name, alias or .toml path, validated; a dict that is already a target passes through."""
+    if isinstance(name_or_path, dict):
+        return name_or_path
+    ref = str(name_or_path)
+    path = Path(ref)
+    if not (path.suffix == ".toml" and path.is_file()):
+        index = _index()
+        if ref not in index:
+            aliases = sorted(set(index) - set(available_targets()))
+            raise SpecExportError(f"unknown TensorRT target {ref!r}; use one of {', '.join(available_targets())}"
+                                  f" (aliases: {', '.join(aliases)}) or pass a target .toml file")
+        path = index[ref]
+    return _validate(_read(path), path)
+
+
+def describe(target: dict) -> str:
+    t, b = target["tensorrt"], target["build"]
+    return (f"{target['name']}: TensorRT {t['version']}, compute capability {t['compute_capability']}"
+            f" ({t['sm']}), {b['precision']}, context {b['max_context']}, batch {b['max_batch']},"
+            f" workspace {b['workspace_mib']} MiB")

@@ -1,0 +1,82 @@
+"""`specexport bench`: wired into the CLI by `register(main)` (see runtime/cli.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+
+def _csv(value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    return [] if items in ([], ["none"]) else items
+
+
+def register(main: click.Group) -> None:
+    @main.command()
+    @click.option("--bundle", required=True, type=click.Path(path_type=Path), help="Bundle directory.")
+    @click.option("--questions", default=None, help="Spec-Bench question.jsonl. Default:"
+                  " ../shared/specbench/question.jsonl, relative to the current directory or the repository.")
+    @click.option("--categories", default=None, help="Comma-separated categories (default: all 13).")
+    @click.option("--limit", type=int, default=None, help="First N questions of each category (default: all).")
+    @click.option("--max-new-tokens", type=int, default=128, show_default=True)
+    @click.option("--max-prompt-tokens", type=int, default=1500, show_default=True,
+                  help="Cut each question to its last N tokens before the chat template.")
+    @click.option("--modes", default=None, help="specexport modes, comma-separated (ar always runs, as the"
+                  " reference). Default: every mode the runtime has; those the bundle lacks are skipped.")
+    @click.option("--baselines", default="hf,hf-lookup,ortgenai", show_default=True,
+                  help="Peers to run in the same pass: hf (transformers generate, PyTorch fp32), hf-lookup"
+                  " (prompt lookup, 10 tokens), ortgenai (ONNX Runtime GenAI fp32, and int4 when the bundle"
+                  " is int4), ortgenai-fp32, ortgenai-int4; 'none' for none.")
+    @click.option("--out", type=click.Path(path_type=Path), default=None,
+                  help="Report directory (default: reports/<bundle directory name>).")
+    @click.option("--threads", type=int, default=None, help="Threads per ONNX Runtime session of the bundle.")
+    @click.option("--no-warmup", is_flag=True, help="Skip each system's untimed warm-up run.")
+    @click.option("--no-memory", is_flag=True, help="Skip the peak-memory probe of `specexport generate`.")
+    @click.option("--json", "as_json", is_flag=True, help="Print report.json on stdout.")
+    def bench(bundle, questions, categories, limit, max_new_tokens, max_prompt_tokens, modes, baselines, out,
+              threads, no_warmup, no_memory, as_json) -> None:
+        """Spec-Bench through the bundle's modes and its peers, interleaved per question; writes
+        report.json, report.md and report.png.
+
+        \b
+        specexport bench --bundle bundles/smollm2 --limit 2
+        specexport bench --bundle bundles/smollm2 --categories qa,rag --baselines hf --max-new-tokens 32
+        """
+        from tqdm import tqdm
+
+        from .bench import BenchConfig, run_bench, write_report
+
+        out = out or Path("reports") / Path(bundle).resolve().name
+        cfg = BenchConfig(bundle=bundle, questions=questions, categories=_csv(categories), limit=limit,
+                          max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens, modes=_csv(modes),
+                          baselines=_csv(baselines) or [], warmup=not no_warmup, memory=not no_memory,
+                          threads=threads, command=" ".join(["specexport", *sys.argv[1:]]))
+        bar = tqdm(total=0, unit="run", file=sys.stderr, dynamic_ncols=True, disable=None)
+
+        def log(message: str) -> None:
+            bar.write(message, file=sys.stderr)
+
+        def total(n: int) -> None:
+            bar.total = n
+            bar.refresh()
+
+        def progress(system: str, question) -> None:
+            bar.set_postfix_str(f"{question.category} {question.question_id} {system}", refresh=False)
+            bar.update(1)
+
+        try:
+            report = run_bench(cfg, progress=progress, log=log, total_hook=total)
+        finally:
+            bar.close()
+        paths = write_report(report, out)
+        if as_json:
+            click.echo(json.dumps(report, indent=2))
+        else:
+            click.echo(Path(paths["md"]).read_text())
+        where = ", ".join(str(p) for p in (paths["json"], paths["md"], paths["png"]))
+        click.echo(f"wrote {where} in {report['elapsed_s']:.0f} s", err=True)
