@@ -33,7 +33,7 @@ def versions() -> dict:
     return out
 
 
-def _reference(model, exit_layer: int, adapter=None):
+def _reference(model, exit_layer: int, adapter=None, vocab_map: np.ndarray | None = None):
     import torch
 
     def run(seq: list[int]) -> dict:
@@ -43,10 +43,18 @@ def _reference(model, exit_layer: int, adapter=None):
                    "h_exit": out.hidden_states[exit_layer].numpy(), "logits": out.logits.numpy()}
             if adapter is not None:
                 y = adapter.hidden(out.hidden_states[exit_layer])
-                ref["adapter_logits"] = (y @ model.lm_head.weight.T).numpy()
+                head = model.lm_head.weight if vocab_map is None else model.lm_head.weight[vocab_map]
+                ref["adapter_logits"] = (y @ head.T).numpy()
         return ref
 
     return run
+
+
+def draft_vocab(counts: np.ndarray | None, size: int | None) -> np.ndarray | None:
+    """The `size` most frequent token ids (ties by id), or None for the full vocabulary."""
+    if counts is None or not size or size >= len(counts):
+        return None
+    return np.sort(np.argsort(-counts, kind="stable")[:size]).astype(np.int64)
 
 
 def parity_sequences(tokenizer, vocab: int, context: int, seed: int = 0) -> list[list[int]]:
@@ -117,12 +125,20 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
 
         adapter_module, adapter_meta = resolve_adapter(adapter, torch_model, source.checkpoint,
                                                        source.origin_sha256, cfg, ell)
+        vocab_map = None
         if adapter_module is not None:
             adapter_w, adapter_mlp = adapter_module.graph_weights()
+            vocab_map = draft_vocab(adapter_meta.get("token_counts"), cfg.get("adapter", {}).get("draft_vocab"))
             graph = llama_graph.build_adapter(dims, weights.rope, adapter_w, weights.lm_head, flavour, dtype,
-                                              mlp=adapter_mlp)
+                                              mlp=adapter_mlp, vocab_map=vocab_map)
             summary = {k: adapter_meta.get(k) for k in ("source", "arch", "heldout", "raw_exit_agreement")}
-            writer.add_piece("adapter", graph, flavour, layers=None, exit_layer=ell, training=summary)
+            extra = {}
+            if vocab_map is not None:
+                np.save(writer.tmp / "draft_vocab.npy", vocab_map)
+                extra["draft_vocab"] = {"file": "draft_vocab.npy", "size": len(vocab_map),
+                                        "note": "FR-Spec: the head keeps these token ids, most frequent first;"
+                                                " logits are in this order, top_token is a real id"}
+            writer.add_piece("adapter", graph, flavour, layers=None, exit_layer=ell, training=summary, **extra)
         stages.update()
 
         stage("checking parity")
@@ -133,7 +149,7 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
         if adapter_module is not None:
             checks.append(parity.PieceCheck("adapter", lambda r: r["h_exit"], {"logits": "adapter_logits"}))
         report = parity.run_checks(writer.tmp, writer.pieces, checks, parity_sequences(tokenizer, dims.vocab, context),
-                                   _reference(torch_model, ell, adapter_module), precision, context)
+                                   _reference(torch_model, ell, adapter_module, vocab_map), precision, context)
         for name, result in report.items():
             writer.pieces[name]["parity"] = result
         stages.update()

@@ -21,7 +21,7 @@ import argparse
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +180,12 @@ def generate_responses(
             bar.set_postfix(resp_tok_s=f"{resp_tokens / (time.perf_counter() - start):.1f}", shard=shard)
         records = [(chunk[i]["id"], *results[i]) for i in range(len(chunk))]
         _write_shard(_shard_path(out_dir, shard), records)
+        # One plain line per shard: the tqdm bar alone is hard to read in a log file.
+        elapsed = time.perf_counter() - start
+        bar.write(
+            f"shard {shard + 1}/{num_shards} written: {resp_tokens} response tokens so far, "
+            f"{resp_tokens / elapsed:.1f} tok/s, {elapsed / 60:.1f} min"
+        )
     bar.close()
     elapsed = time.perf_counter() - start
     print(
@@ -190,7 +196,7 @@ def generate_responses(
     return out_dir
 
 
-def iter_shards(out_dir: str | Path):
+def iter_shards(out_dir: str | Path) -> Iterator[dict[str, np.ndarray]]:
     """Yield the arrays of every shard in ``out_dir`` in shard order (temp files are ignored)."""
     for path in sorted(Path(out_dir).glob(SHARD_GLOB)):
         with np.load(path) as data:

@@ -264,19 +264,26 @@ def build_deep(dims: Dims, rope: Rope, layers: list[LayerWeights], final_norm: n
 
 
 def build_adapter(dims: Dims, rope: Rope, adapter: AdapterWeights, lm_head: np.ndarray, flavour: str,
-                  float_dtype=np.float32, mlp: LayerWeights | None = None):
-    """Kangaroo's adapter (plus an optional MLP: a full decoder block). Besides logits it emits the
-    greedy draft token and its probability, so a greedy draft step reads two numbers instead of a
-    vocabulary-sized row."""
+                  float_dtype=np.float32, mlp: LayerWeights | None = None, vocab_map: np.ndarray | None = None):
+    """Kangaroo's adapter (plus an optional MLP: a full decoder block).
+
+    Besides logits it emits the greedy draft token and its probability, so a greedy draft step reads
+    two numbers instead of a vocabulary-sized row. With `vocab_map` (FR-Spec) the head keeps only
+    those token ids: `logits` are over the map's order and `top_token` is mapped back to a real id.
+    Verification keeps the full vocabulary, so the output does not change."""
     pg = PieceGraph("adapter", dims, rope, flavour, float_dtype)
     b = pg.b
     h = _hidden_input(pg)
     x = b.op("Add", [h, pg.attention(pg.rms_norm(h, adapter.input_norm), adapter.attn)])
     if mlp is not None:
         x = b.op("Add", [x, pg.mlp(pg.rms_norm(x, mlp.post_norm), mlp)])
-    logits = pg.lm_head(pg.rms_norm(x, adapter.output_norm), lm_head, keep_last=True)
-    b.output(logits, "logits", np.float32, ["batch", "kept", dims.vocab])
+    head = lm_head if vocab_map is None else lm_head[vocab_map]
+    logits = pg.lm_head(pg.rms_norm(x, adapter.output_norm), head, keep_last=True)
+    b.output(logits, "logits", np.float32, ["batch", "kept", head.shape[0]])
     probs = b.op("Softmax", [logits], axis=-1)
-    b.output(b.op("ArgMax", [logits], axis=-1, keepdims=0), "top_token", np.int64, ["batch", "kept"])
+    top = b.op("ArgMax", [logits], axis=-1, keepdims=0)
+    if vocab_map is not None:
+        top = b.op("Gather", [b.weight("vocab_map", vocab_map.astype(np.int64), dtype=np.int64), top], axis=0)
+    b.output(top, "top_token", np.int64, ["batch", "kept"])
     b.output(b.op("ReduceMax", [probs], axes=[-1], keepdims=0), "top_prob", np.float32, ["batch", "kept"])
     return b.model()

@@ -29,6 +29,7 @@ from .hf_weights import dims_of
 
 ADAPTER_FILE = "adapter.safetensors"
 META_FILE = "adapter.json"
+COUNTS_FILE = "token_counts.npy"
 
 
 @dataclass
@@ -227,7 +228,7 @@ def train(model, sequences: list[tuple[np.ndarray, int]], cfg: TrainConfig, out_
             opt.step()
             step += 1
             bar.update()
-            bar.set_postfix(loss=f"{float(loss):.3f}", top1=f"{float(agree.mean()):.1%}")
+            bar.set_postfix(loss=f"{loss.item():.3f}", top1=f"{float(agree.mean()):.1%}")
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 ev = evaluate(adapter, lm_head, feats, held, cfg.tokens_per_batch)
                 history.append({"step": step, "eval": ev})
@@ -247,6 +248,12 @@ def train(model, sequences: list[tuple[np.ndarray, int]], cfg: TrainConfig, out_
         "history": history, "train_seconds": round(time.time() - t0, 1), "command": command,
     }
     save_adapter(adapter, out_dir, meta)
+    # FR-Spec: how often the target emits each token, for a vocabulary-pruned draft head at export
+    counts = np.zeros(dims.vocab, dtype=np.int64)
+    for j in train_idx:
+        tokens, plen = sequences[j]
+        counts += np.bincount(np.asarray(tokens[plen:]), minlength=dims.vocab)[: dims.vocab]
+    np.save(out_dir / COUNTS_FILE, counts)
     return meta
 
 
@@ -274,4 +281,6 @@ def load_adapter(path: Path, model, target_sha: str | None = None) -> tuple[Adap
     adapter = Adapter(cfg, rotary.inv_freq.numpy(), float(getattr(rotary, "attention_scaling", 1.0)))
     adapter.load_state_dict(load_file(str(directory / ADAPTER_FILE)))
     adapter.eval()
+    counts = directory / COUNTS_FILE
+    meta["token_counts"] = np.load(counts) if counts.is_file() else None
     return adapter, meta

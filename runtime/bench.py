@@ -48,6 +48,7 @@ METRICS = ("questions", "new_tokens", "seconds", "tokens_per_s", "tokens_per_s_t
 # The names are stable: a change of meaning changes SCHEMA.
 KEYS = {
     "schema": f"'{SCHEMA}'; changes whenever a key below changes meaning",
+    "keys": "this description of the keys",
     "created": "UTC time the run started (ISO 8601)",
     "command": "the command line that produced the report",
     "elapsed_s": "wall time of the whole run, set-up and memory probe included",
@@ -57,7 +58,8 @@ KEYS = {
     "settings": "questions file, categories, limit per category, max_new_tokens, max_prompt_tokens, greedy,"
                 " batch_size, warmup, systems order",
     "systems": "system name -> {label, kind (specexport|baseline), mode, precision, setup_s, note}",
-    "skipped": "system name -> the reason it did not run (missing package, missing piece, failure)",
+    "skipped": "system name -> why it did not run (missing package or piece, failed set-up), or why it"
+               " stopped early (its results then cover the questions before the failure)",
     "results": "system name -> {overall: METRICS, categories: {category: METRICS}}",
     "results.*.questions": "number of questions the figures cover",
     "results.*.new_tokens": "new tokens generated, summed over the questions (EOS not counted)",
@@ -82,6 +84,8 @@ KEYS = {
               " getrusage(RUSAGE_CHILDREN).ru_maxrss of a small launcher whose only child it is) against"
               " the fp32 weights on disk (weights_fp32_bytes: the source checkpoint's weight files) and the"
               " bundle's files (bundle_bytes); ratio = peak_rss_bytes / weights_fp32_bytes",
+    "chart": "file name of the chart (speedup and tau per category) beside report.json, or null",
+    "chart_note": "why there is no chart (only when chart is null)",
     "records": "one per question and system: question_id, category, system, prompt_tokens, prompt_cut,"
                " new_tokens, seconds, tokens_per_s, steps, drafted, accepted, mean_accepted_tokens,"
                " acceptance_rate, speedup, identical_to_ar, first_mismatch (index of the first token that"
@@ -642,6 +646,72 @@ def make_systems(session, cfg: BenchConfig, log: Callable[[str], None]) -> tuple
     return list(unique.values()), skipped
 
 
+def start_systems(candidates: Sequence[System], skipped: dict[str, str], warmup: tuple[list[int], int] | None,
+                  log: Callable[[str], None] = print) -> tuple[list[System], dict[str, float]]:
+    """Set up each system (and run its untimed warm-up); those that cannot run go to `skipped`."""
+    systems: list[System] = []
+    setup_s: dict[str, float] = {}
+    for system in candidates:
+        t0 = time.perf_counter()
+        try:
+            system.setup()
+            if warmup:
+                system.generate(*warmup)
+        except Skip as exc:
+            skipped[system.name] = str(exc)
+        except Exception as exc:
+            if system.name == REFERENCE:
+                raise
+            skipped[system.name] = f"failed to start: {type(exc).__name__}: {exc}"
+            system.close()
+        else:
+            setup_s[system.name] = time.perf_counter() - t0
+            systems.append(system)
+            continue
+        log(f"skipping {system.name}: {skipped[system.name]}")
+    return systems, setup_s
+
+
+def run_interleaved(systems: Sequence[System], questions: Sequence[Question],
+                    prompts: Sequence[tuple[list[int], bool]], max_new_tokens: int, skipped: dict[str, str],
+                    progress: Callable[[str, Question], None] | None = None,
+                    log: Callable[[str], None] = print) -> list[dict]:
+    """Every system on question 1, then every system on question 2, ..., the order rotated by one
+    system per question. A baseline or speculative mode that fails stops there (its reason goes to
+    `skipped`, its earlier records stay); the reference failing is an error."""
+    names = [s.name for s in systems]
+    if REFERENCE not in names:
+        raise ValueError(f"the reference system {REFERENCE} must be among the systems")
+    records: list[dict] = []
+    for i, (q, (ids, cut)) in enumerate(zip(questions, prompts, strict=True)):
+        k = i % len(systems)
+        order = [*systems[k:], *systems[:k]]  # rotated: no system always runs right after another
+        q_records, outputs = [], {}
+        for system in order:
+            if system.name in skipped:  # failed on an earlier question
+                if progress:
+                    progress(system.name, q)
+                continue
+            try:
+                result = system.generate(ids, max_new_tokens)
+            except Exception as exc:
+                if system.name == REFERENCE:
+                    raise
+                skipped[system.name] = (f"failed on question {q.question_id}: {type(exc).__name__}: {exc};"
+                                        " its figures cover the questions before it")
+                log(f"{system.name}: {skipped[system.name]}")
+                continue
+            finally:
+                if progress:
+                    progress(system.name, q)
+            q_records.append(make_record(q, system.name, result, len(ids), cut))
+            outputs[system.name] = result.tokens
+        compare_to_reference(q_records, outputs)
+        q_records.sort(key=lambda r: names.index(r["system"]))
+        records.extend(q_records)
+    return records
+
+
 def run_bench(cfg: BenchConfig, progress: Callable[[str, Question], None] | None = None,
               log: Callable[[str], None] = print, total_hook: Callable[[int], None] | None = None) -> dict:
     """Run the benchmark; returns the report (see KEYS). `progress(system, question)` after every run;
@@ -668,56 +738,11 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str, Question], None] | None
         prompts.append((ids, cut))
 
     candidates, skipped = make_systems(session, cfg, log)
-    systems: list[System] = []
-    setup_s: dict[str, float] = {}
-    for system in candidates:
-        t0 = time.perf_counter()
-        try:
-            system.setup()
-            if cfg.warmup:
-                system.generate(prompts[0][0][-64:], min(8, cfg.max_new_tokens))
-        except Skip as exc:
-            skipped[system.name] = str(exc)
-            log(f"skipping {system.name}: {exc}")
-            continue
-        except Exception as exc:
-            if system.name == REFERENCE:
-                raise
-            skipped[system.name] = f"failed to start: {type(exc).__name__}: {exc}"
-            log(f"skipping {system.name}: {skipped[system.name]}")
-            system.close()
-            continue
-        setup_s[system.name] = time.perf_counter() - t0
-        systems.append(system)
+    warmup = (prompts[0][0][-64:], min(8, cfg.max_new_tokens)) if cfg.warmup else None
+    systems, setup_s = start_systems(candidates, skipped, warmup, log)
     if total_hook:
         total_hook(len(systems) * len(questions))
-
-    records: list[dict] = []
-    for i, (q, (ids, cut)) in enumerate(zip(questions, prompts, strict=True)):
-        k = i % len(systems)
-        order = systems[k:] + systems[:k]  # rotate: no system always runs right after another
-        q_records, outputs = [], {}
-        for system in order:
-            if system.name in skipped:  # failed on an earlier question
-                continue
-            try:
-                result = system.generate(ids, cfg.max_new_tokens)
-            except Exception as exc:
-                if system.name == REFERENCE:
-                    raise
-                skipped[system.name] = (f"failed on question {q.question_id}: {type(exc).__name__}: {exc};"
-                                        " its figures cover the questions before it")
-                log(f"{system.name}: {skipped[system.name]}")
-                continue
-            finally:
-                if progress:
-                    progress(system.name, q)
-            q_records.append(make_record(q, system.name, result, len(ids), cut))
-            outputs[system.name] = result.tokens
-        compare_to_reference(q_records, outputs)
-        names = [s.name for s in systems]
-        q_records.sort(key=lambda r: names.index(r["system"]))
-        records.extend(q_records)
+    records = run_interleaved(systems, questions, prompts, cfg.max_new_tokens, skipped, progress, log)
     for system in systems:
         system.close()
     order_names = [s.name for s in systems]

@@ -23,6 +23,8 @@ class Pieces:
     deep: Piece
     adapter: Piece | None = None
     drafter: Piece | None = None
+    draft_vocab: np.ndarray | None = None  # token ids of a vocabulary-pruned adapter head (FR-Spec)
+    vocab_size: int = 0
 
 
 def ids_array(tokens: list[int]) -> np.ndarray:

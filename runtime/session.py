@@ -58,7 +58,9 @@ def _open_pieces(bundle: Bundle, backend: str, providers: list[str] | None, thre
     else:
         raise SpecExportError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
     opened = {name: open_piece(name) for name in bundle.pieces}
-    return Pieces(**opened)
+    vocab = bundle.pieces.get("adapter", {}).get("draft_vocab")
+    draft_vocab = np.load(bundle.root / vocab["file"], allow_pickle=False) if vocab else None
+    return Pieces(**opened, draft_vocab=draft_vocab, vocab_size=int(bundle.manifest["model"]["dims"]["vocab"]))
 
 
 class Session:

@@ -39,6 +39,8 @@ def draft(pieces: Pieces, token: int, pos: int, pending: np.ndarray, gamma: int,
             x, confidence = int(out["top_token"][0, -1]), float(out["top_prob"][0, -1])
         else:
             q = probabilities(out["logits"][0, -1], params)
+            if pieces.draft_vocab is not None:  # a pruned head's distribution, spread back over all ids
+                q = np.bincount(pieces.draft_vocab, weights=q, minlength=pieces.vocab_size)
             x, confidence = sample(q, rng), float(q.max())
             qs.append(q)
         drafts.append(x)
