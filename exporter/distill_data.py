@@ -18,6 +18,7 @@ Responses end with the EOS token when the model finished within ``max_new_tokens
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import time
@@ -84,17 +85,27 @@ def _write_shard(path: Path, records: list[tuple[str, list[int], int]]) -> None:
     os.replace(tmp, path)
 
 
+def _prompts_digest(prompts: list[dict]) -> str:
+    """Fingerprint of the prompt list, so a resumed run cannot mix shards of two different prompt sets."""
+    digest = hashlib.sha256()
+    for p in prompts:
+        digest.update(json.dumps([p["id"], p["prompt"]], ensure_ascii=False).encode() + b"\n")
+    return digest.hexdigest()
+
+
 def _check_meta(out_dir: Path, meta: dict[str, Any]) -> None:
-    """Refuse to resume into a directory made with settings that would change shard contents."""
+    """Refuse to resume into a directory whose shards were made with settings that change their contents."""
     path = out_dir / META_NAME
-    if path.exists():
+    if path.exists() and any(out_dir.glob(SHARD_GLOB)):
         old = json.loads(path.read_text())
-        keys = ("shard_size", "max_new_tokens", "num_prompts", "first_id")
-        diff = {k: (old.get(k), meta[k]) for k in keys if old.get(k) != meta[k]}
+        # Keys an older meta.json lacks cannot be checked; the ones it has must agree.
+        keys = [k for k in ("shard_size", "max_new_tokens", "num_prompts", "prompts_sha256") if k in old]
+        diff = {k: (old[k], meta[k]) for k in keys if old[k] != meta[k]}
         if diff:
             raise ValueError(f"{out_dir} was generated with different settings {diff}; use a new out_dir")
-    else:
-        path.write_text(json.dumps(meta, indent=2) + "\n")
+        return
+    # Without shards there is nothing to protect: (re)write the settings of this run.
+    path.write_text(json.dumps(meta, indent=2) + "\n")
 
 
 def generate_responses(
@@ -127,7 +138,7 @@ def generate_responses(
         {
             "model_dir": str(model_dir),
             "num_prompts": len(prompts),
-            "first_id": prompts[0]["id"] if prompts else None,
+            "prompts_sha256": _prompts_digest(prompts),
             "shard_size": shard_size,
             "max_new_tokens": max_new_tokens,
             "batch_size": batch_size,
@@ -159,7 +170,9 @@ def generate_responses(
         for b in range(0, len(order), batch_size):
             rows = order[b : b + batch_size]
             # The chat template already carries the special tokens; do not let the tokenizer add a BOS.
-            enc = tokenizer([texts[i] for i in rows], add_special_tokens=False, padding=True, return_tensors="pt")
+            enc = tokenizer(
+                [texts[i] for i in rows], add_special_tokens=False, padding=True, return_tensors="pt"
+            )
             with torch.inference_mode():
                 out = model.generate(
                     input_ids=enc["input_ids"],
@@ -230,7 +243,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=192)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--shard-size", type=int, default=256)
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads (default: all cores); use 1 when other jobs share the CPU, since oversubscribed "
+        "OpenMP threads spin and can run several times slower",
+    )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
 

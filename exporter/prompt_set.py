@@ -374,7 +374,10 @@ def _writing(rng: random.Random) -> str:
             ]
         )
     if kind == "acrostic":
-        return f"Write an acrostic poem using the word {rng.choice(ACROSTIC_WORDS)}, about {rng.choice(POEM_SUBJECTS)}."
+        return (
+            f"Write an acrostic poem using the word {rng.choice(ACROSTIC_WORDS)}, about "
+            f"{rng.choice(POEM_SUBJECTS)}."
+        )
     if kind == "email":
         purpose = rng.choice(EMAIL_PURPOSES).format(
             product=rng.choice(PRODUCTS),
@@ -885,7 +888,10 @@ def _seating_puzzle(rng: random.Random) -> str:
         ]
     ).format(n=n)
     if "stand" in setting or "park" in setting:
-        lines = [ln.replace("does not sit", "is not").replace("sits", "is").replace("seat", "position") for ln in lines]
+        lines = [
+            ln.replace("does not sit", "is not").replace("sits", "is").replace("seat", "position")
+            for ln in lines
+        ]
     ask = rng.choice(
         [
             "Give the full order from left to right.",
@@ -893,7 +899,9 @@ def _seating_puzzle(rng: random.Random) -> str:
             f"Who is directly to the right of {rng.choice(people)}, if anyone?",
         ]
     )
-    return f"{', '.join(people[:-1])} and {people[-1]} {setting}. {' '.join(lines)} {ask} Show your reasoning."
+    return (
+        f"{', '.join(people[:-1])} and {people[-1]} {setting}. {' '.join(lines)} {ask} Show your reasoning."
+    )
 
 
 def _syllogism(rng: random.Random) -> str:
@@ -920,7 +928,10 @@ def _conditional(rng: random.Random) -> str:
     if kind == 0:
         return f"If {p}, then {q}. We know that it is not true that {q}. What can we conclude, and why?"
     if kind == 1:
-        return f"Rule: if {p}, then {q}. Observation: {q}. Can we conclude that {p}? Explain the logical error, if any."
+        return (
+            f"Rule: if {p}, then {q}. Observation: {q}. Can we conclude that {p}? Explain the logical error, "
+            "if any."
+        )
     if kind == 2:
         return (
             f"Suppose the statement 'if {p}, then {q}' is true. Which of these must also be true: its "
@@ -953,18 +964,26 @@ def _knights_knaves(rng: random.Random) -> str:
             else:
                 statements.append(f'{names[i]} says: "Exactly one of us is a knight."')
                 funcs.append(lambda t: sum(t) == 1)
-        sols = [t for t in itertools.product([True, False], repeat=n) if all(funcs[i](t) == t[i] for i in range(n))]
+        sols = [
+            t
+            for t in itertools.product([True, False], repeat=n)
+            if all(funcs[i](t) == t[i] for i in range(n))
+        ]
         if len(sols) == 1:
             break
     intro = rng.choice(
         [
             "On an island, knights always tell the truth and knaves always lie.",
-            "In a village, every person is either a truth-teller who never lies or a liar who never tells the truth.",
+            "In a village, every person is either a truth-teller who never lies or a liar who never tells "
+            "the truth.",
         ]
     )
     if "village" in intro:
         statements = [s.replace("knave", "liar").replace("knight", "truth-teller") for s in statements]
-    return f"{intro} You meet {', '.join(names[:-1])} and {names[-1]}. {' '.join(statements)} Who is what? Explain."
+    return (
+        f"{intro} You meet {', '.join(names[:-1])} and {names[-1]}. {' '.join(statements)} Who is what? "
+        "Explain."
+    )
 
 
 def _sequence(rng: random.Random) -> str:
@@ -1004,7 +1023,10 @@ def _calendar(rng: random.Random) -> str:
     kind = rng.randrange(4)
     day = rng.choice(WEEKDAYS)
     if kind == 0:
-        return f"If today is {day}, what day of the week will it be {rng.randint(20, 400)} days from now? Explain."
+        return (
+            f"If today is {day}, what day of the week will it be {rng.randint(20, 400)} days from now? "
+            "Explain."
+        )
     if kind == 1:
         return f"If the day after tomorrow is {day}, what day was it three days before yesterday?"
     if kind == 2:
@@ -1156,7 +1178,9 @@ def _math(rng: random.Random) -> str:
         op = rng.choice(["+", "-", "×", "÷"])
         return f"Compute {f1[0]}/{f1[1]} {op} {f2[0]}/{f2[1]} and simplify the result.{ask}"
     if kind == 3:
-        return f"What is {rng.choice([5, 12, 15, 17.5, 22, 35, 64, 80, 125])}% of {rng.randint(40, 5000)}?{ask}"
+        return (
+            f"What is {rng.choice([5, 12, 15, 17.5, 22, 35, 64, 80, 125])}% of {rng.randint(40, 5000)}?{ask}"
+        )
     if kind == 4:
         a, x = rng.randint(2, 12), rng.randint(-10, 15)
         b = rng.randint(-30, 30)
@@ -1168,7 +1192,8 @@ def _math(rng: random.Random) -> str:
         if a * d - b * c == 0:
             d -= 1
         return (
-            f"Solve the system of equations: {a}x + {b}y = {a * x + b * y} and {c}x - {abs(d)}y = {c * x + d * y}.{ask}"
+            f"Solve the system of equations: {a}x + {b}y = {a * x + b * y} and {c}x - {abs(d)}y = "
+            f"{c * x + d * y}.{ask}"
         )
     if kind == 6:
         r1, r2 = rng.randint(-9, 9), rng.randint(-9, 9)
@@ -1195,7 +1220,9 @@ def _math(rng: random.Random) -> str:
         return f"Differentiate {fn} with respect to x.{ask}"
     if kind == 9:
         a, b = sorted(rng.sample(range(-3, 6), 2))
-        return f"Evaluate the definite integral of {_poly(rng, rng.randint(1, 3))} from x = {a} to x = {b}.{ask}"
+        return (
+            f"Evaluate the definite integral of {_poly(rng, rng.randint(1, 3))} from x = {a} to x = {b}.{ask}"
+        )
     if kind == 10:
         a, b = rng.randint(12, 400), rng.randint(12, 400)
         return (
@@ -1244,7 +1271,8 @@ def _math(rng: random.Random) -> str:
                 [
                     f"A right triangle has legs of {a} and {b}. How long is the hypotenuse?",
                     f"A rectangle measures {a} m by {b} m. What are its perimeter, area and diagonal?",
-                    f"A trapezoid has parallel sides {a} and {b} and height {rng.randint(2, 20)}. Find its area.",
+                    f"A trapezoid has parallel sides {a} and {b} and height {rng.randint(2, 20)}. Find its "
+                    "area.",
                 ]
             )
             + ask
@@ -1257,7 +1285,8 @@ def _math(rng: random.Random) -> str:
                     f"How many ways can you choose {k} people from a group of {n}?",
                     f"How many different ordered podiums (1st, 2nd, 3rd) are possible among {n} runners?",
                     f"Compute {n} choose {k} and explain what it counts.",
-                    f"In how many ways can {k} identical balls be put into {rng.randint(2, 5)} distinct boxes?",
+                    f"In how many ways can {k} identical balls be put into {rng.randint(2, 5)} distinct "
+                    "boxes?",
                 ]
             )
             + ask
@@ -1296,7 +1325,8 @@ def _math(rng: random.Random) -> str:
         return (
             rng.choice(
                 [
-                    f"${p} is invested at {r}% interest compounded annually. How much is it worth after {t} years?",
+                    f"${p} is invested at {r}% interest compounded annually. How much is it worth after {t} "
+                    "years?",
                     f"What is the simple interest on ${p} at {r}% per year for {t} years?",
                     f"How many years does it take for money to double at {r}% annual compound interest?",
                 ]
@@ -1331,7 +1361,10 @@ def _math(rng: random.Random) -> str:
     if kind == 23:
         m = [[rng.randint(-5, 9) for _ in range(3)] for _ in range(3)]
         if rng.random() < 0.5:
-            return f"Find the determinant of the 2x2 matrix [[{m[0][0]}, {m[0][1]}], [{m[1][0]}, {m[1][1]}]].{ask}"
+            return (
+                f"Find the determinant of the 2x2 matrix [[{m[0][0]}, {m[0][1]}], [{m[1][0]}, "
+                f"{m[1][1]}]].{ask}"
+            )
         return (
             f"Compute the determinant of the matrix [[{', '.join(map(str, m[0]))}], "
             f"[{', '.join(map(str, m[1]))}], [{', '.join(map(str, m[2]))}]].{ask}"
@@ -1342,8 +1375,10 @@ def _math(rng: random.Random) -> str:
         return (
             rng.choice(
                 [
-                    f"Find the dot product of the vectors ({', '.join(map(str, u))}) and ({', '.join(map(str, v))}).",
-                    f"Compute the cross product of ({', '.join(map(str, u))}) and ({', '.join(map(str, v))}).",
+                    f"Find the dot product of the vectors ({', '.join(map(str, u))}) and "
+                    f"({', '.join(map(str, v))}).",
+                    f"Compute the cross product of ({', '.join(map(str, u))}) and "
+                    f"({', '.join(map(str, v))}).",
                     f"What is the length of the vector ({', '.join(map(str, u))})?",
                 ]
             )
@@ -1473,17 +1508,22 @@ def _math_word(rng: random.Random) -> str:
         )
     if kind == 4:
         p, x, y = rng.randint(20, 400), rng.choice([10, 15, 20, 25, 30, 40]), rng.choice([5, 7, 8, 10, 20])
-        item = rng.choice(["jacket", "bicycle helmet", "lamp", "pair of boots", "tent", "backpack", "blender"])
+        item = rng.choice(
+            ["jacket", "bicycle helmet", "lamp", "pair of boots", "tent", "backpack", "blender"]
+        )
         return (
             f"A {item} costs ${p}. It is discounted by {x}%, and then a sales tax of {y}% is added. What is "
             f"the final price?{ask}"
         )
     if kind == 5:
         n, m, g = rng.randint(2, 6), rng.randint(5, 20), rng.randint(150, 900)
-        dish = rng.choice(["pancakes", "a vegetable curry", "cookies", "lemonade", "a lentil soup", "pizza dough"])
+        dish = rng.choice(
+            ["pancakes", "a vegetable curry", "cookies", "lemonade", "a lentil soup", "pizza dough"]
+        )
         unit = rng.choice(["grams of flour", "grams of sugar", "milliliters of milk", "grams of lentils"])
         return (
-            f"A recipe for {dish} that serves {n} people uses {g} {unit}. How much is needed to serve {m} people?{ask}"
+            f"A recipe for {dish} that serves {n} people uses {g} {unit}. How much is needed to serve {m} "
+            f"people?{ask}"
         )
     if kind == 6:
         a, b, c = rng.randint(5, 60), rng.randint(20, 400), rng.randint(300, 2500)
@@ -1557,7 +1597,9 @@ def _math_word(rng: random.Random) -> str:
         )
     if kind == 15:
         h, m, d = rng.randint(1, 11), rng.choice([0, 10, 15, 20, 35, 45]), rng.randint(80, 190)
-        ev = rng.choice(["A film", "A concert", "A flight", "A football match with a break", "A theater play"])
+        ev = rng.choice(
+            ["A film", "A concert", "A flight", "A football match with a break", "A theater play"]
+        )
         return f"{ev} starts at {h}:{m:02d} p.m. and lasts {d} minutes. At what time does it end?{ask}"
     if kind == 16:
         a = rng.randint(2000, 90000)
@@ -1782,7 +1824,8 @@ CODE_SNIPPETS = [
     ("python", "squares = {n: n * n for n in range(10) if n % 2}\nprint(sum(squares.values()))"),
     (
         "python",
-        "with open('data.txt') as fh:\n    lines = [ln.strip() for ln in fh if ln.strip()]\nprint(len(lines))",
+        "with open('data.txt') as fh:\n    lines = [ln.strip() for ln in fh if "
+        "ln.strip()]\nprint(len(lines))",
     ),
     (
         "python",
@@ -1816,7 +1859,8 @@ CODE_SNIPPETS = [
     ),
     (
         "sql",
-        "SELECT c.name, o.total\nFROM customers c\nLEFT JOIN orders o ON o.customer_id = c.id\nWHERE o.total > 100;",
+        "SELECT c.name, o.total\nFROM customers c\nLEFT JOIN orders o ON o.customer_id = c.id\nWHERE "
+        "o.total > 100;",
     ),
     (
         "c",
@@ -1828,7 +1872,8 @@ CODE_SNIPPETS = [
     ("bash", "count=$(grep -c ERROR app.log)\nif [ $count -gt 10 ]; then echo 'too many errors'; fi"),
     (
         "go",
-        "func sum(xs []int) int {\n\ttotal := 0\n\tfor _, x := range xs {\n\t\ttotal += x\n\t}\n\treturn total\n}",
+        "func sum(xs []int) int {\n\ttotal := 0\n\tfor _, x := range xs {\n\t\ttotal += x\n\t}\n\treturn "
+        "total\n}",
     ),
     ("rust", 'fn main() {\n    let s = String::from("hello");\n    let t = s;\n    println!("{}", s);\n}'),
 ]
@@ -2027,7 +2072,10 @@ def _text_review(rng: random.Random) -> str:
 
 def _text_order(rng: random.Random) -> str:
     items = rng.sample(SHOP_ITEMS, 3)
-    lines = [f"{rng.randint(1, 6)} x {name} at ${price + rng.choice([0.49, 0.99, 0.25]):.2f}" for name, price in items]
+    lines = [
+        f"{rng.randint(1, 6)} x {name} at ${price + rng.choice([0.49, 0.99, 0.25]):.2f}"
+        for name, price in items
+    ]
     return (
         f"Order #{rng.randint(10000, 99999)} from {rng.choice(COMPANIES)}, placed {_date(rng)} by "
         f"{_person(rng)}. Items: {'; '.join(lines)}. Shipping: ${rng.choice([0, 4.99, 7.5])}. Delivery to "
@@ -2130,7 +2178,10 @@ EXTRACTION_TEXTS: list[tuple[Callable[[random.Random], str], list[str]]] = [
     ),
     (
         _text_order,
-        ["order number, customer, each item with quantity and unit price, shipping cost and delivery address"],
+        [
+            "order number, customer, each item with quantity and unit price, shipping cost and delivery "
+            "address"
+        ],
     ),
     (_text_trip, ["traveler, flight number, airports, times, hotel, number of nights and booking reference"]),
     (
@@ -2279,7 +2330,9 @@ def _stem(rng: random.Random) -> tuple[str, str]:
         return prompt, prompt
     if kind == "why":
         q = rng.choice(STEM_WHY)
-        return q + rng.choice(["", " Explain the science.", " Keep the answer short.", " Explain it to a child."]), q
+        return q + rng.choice(
+            ["", " Explain the science.", " Keep the answer short.", " Explain it to a child."]
+        ), q
     c, task = rng.choice(STEM_CONCEPTS), rng.choice(STEM_TASKS)
     return task.format(c=c), f"{c}|{task}"
 
@@ -2336,7 +2389,8 @@ Why do some languages disappear, and does it matter? | What does it mean to be a
 How has tourism changed the places people visit? | Should museums return objects taken during colonial times?
 What makes a book a classic? | How do maps shape the way we see the world?
 Is it better to live in a big city or a small town? | How does advertising influence what we value?
-What is the role of satire in a democracy? | Why do people keep diaries and letters, and why do historians love them?
+What is the role of satire in a democracy?
+Why do people keep diaries and letters, and why do historians love them?
 Is it ever right to break the law? Discuss with examples. | What makes a society fair?
 How has the smartphone changed the way families spend time together?
 Why do people believe conspiracy theories? | What can we learn from studying ancient civilizations?
@@ -2389,7 +2443,9 @@ def _humanities(rng: random.Random) -> tuple[str, str]:
         return prompt, prompt
     if kind == "open":
         q = rng.choice(HUM_OPEN)
-        return q + rng.choice(["", " Answer in about 200 words.", " Give arguments on more than one side."]), q
+        return q + rng.choice(
+            ["", " Answer in about 200 words.", " Give arguments on more than one side."]
+        ), q
     a, b = rng.choice(HUM_COMPARE)
     form = rng.choice(
         [
@@ -2846,16 +2902,23 @@ cycling bridge | youth center | sports hall | concert hall
 """)
 COMPANY_PLANS = _items("""
 close two of its regional offices | move its headquarters to a smaller building
-switch its delivery fleet to electric vans | stop sending paper invoices | open a training academy for new staff
+switch its delivery fleet to electric vans | stop sending paper invoices
+open a training academy for new staff
 merge its sales and support teams | offer every employee a paid volunteering day each month
 """)
 COMPANY_REASONS = _items("""
 costs have risen sharply | more customers now use its app | demand has shifted to other regions
 it wants to cut its carbon emissions | it is struggling to recruit staff
 """)
-SCHOOLS = ["Hillcrest Secondary School", "St. Brendan's College", "Riverside Primary", "the Northgate Academy"]
+SCHOOLS = [
+    "Hillcrest Secondary School",
+    "St. Brendan's College",
+    "Riverside Primary",
+    "the Northgate Academy",
+]
 CAUSES = _items("""
-a local animal shelter | new playground equipment | a children's hospital ward | flood relief | the town's food bank
+a local animal shelter | new playground equipment | a children's hospital ward | flood relief
+the town's food bank
 """)
 FUNDRAISERS = _items("""
 a sponsored walk | a bake sale and concert | a charity football tournament | a second-hand book fair
@@ -2887,10 +2950,58 @@ The effect was strongest in older participants.
 Results were similar across income groups.
 """)
 
+TEAM_NAMES = _items("""
+Harbor City FC | Eastfield Rovers | Kingsbridge United | Millbrook Athletic | Northgate Wanderers
+Riverside Rangers | Stonebridge Town | Westport Albion
+""")
+MATCH_NOTES = _items("""
+a penalty early in the second half settled the game.
+the visitors had a goal ruled out for offside just before the break.
+the home goalkeeper saved two shots in the final ten minutes.
+a late header from a substitute made the result safe.
+""")
+WEATHER_EVENTS = [
+    ("heavy snow", "Up to 40 centimeters fell overnight, and several main roads were closed."),
+    (
+        "a severe thunderstorm",
+        "Lightning struck a power station, leaving thousands of homes without electricity.",
+    ),
+    ("flooding", "The river burst its banks after three days of rain, and low-lying streets were evacuated."),
+    ("a heat wave", "Temperatures passed 40 °C, and the city opened air-conditioned public halls."),
+    ("strong winds", "Falling trees blocked railway lines, and a crane was damaged at a building site."),
+]
+FINDS = _items("""
+the remains of a wooden boat | a hoard of silver coins | a burial site with pottery and jewelry
+the foundations of a large farmhouse | a workshop full of bronze tools | a well-preserved mosaic floor
+""")
+FIND_NOTES = _items("""
+the objects suggest the area was an important trading post.
+the quality of the finds surprised the whole team.
+it is the most complete site of its kind found in the region.
+local volunteers helped to dig through the wet soil.
+""")
+LAUNCH_NOTES = _items("""
+its battery lasts twice as long. | it is made partly from recycled plastic.
+it can be repaired with ordinary tools. | it connects to a new companion app.
+""")
+EXHIBITS = _items("""
+paintings by women artists of the nineteenth century | photographs of the city's harbor
+maps made by early explorers | posters from the golden age of rail travel | everyday objects from Roman homes
+""")
+EXHIBIT_NOTES = _items("""
+One room recreates an artist's studio. | Audio guides are available in six languages.
+A children's trail runs through every gallery. | Several works were restored especially for the show.
+""")
+WEATHER_OUTLOOKS = ["ease by the weekend", "improve within two days", "stay difficult until Thursday"]
+LAUNCH_COMPLAINTS = ["the short warranty", "the high price", "the limited color options", "the confusing app"]
+RAIL_WORKS = _items("""
+replace an old bridge | upgrade the signaling system | rebuild a tunnel | install overhead electric wires
+""")
+
 
 def _report(rng: random.Random) -> str:
     """A short news report assembled from slots, with numbers in a plausible range for each story."""
-    kind = rng.randrange(4)
+    kind = rng.randrange(10)
     person = _person(rng)
     if kind == 0:
         facility = rng.choice(FACILITIES)
@@ -2919,6 +3030,63 @@ def _report(rng: random.Random) -> str:
             f"{person} said the students planned everything themselves, from the budget to the posters. "
             f"{rng.choice(SCHOOL_NOTES)} The school hopes to make the event a yearly tradition."
         )
+    if kind == 4:
+        home, away = rng.sample(TEAM_NAMES, 2)
+        won, lost = rng.randint(1, 5), 0
+        lost = rng.randint(0, won - 1)
+        return (
+            f"{home} beat {away} {won}-{lost} on {rng.choice(WEEKDAYS)} in front of "
+            f"{rng.randrange(800, 40_000, 100):,} fans. {_person(rng)} opened the scoring after "
+            f"{rng.randint(3, 40)} minutes, and {rng.choice(MATCH_NOTES)} The win lifts {home} to "
+            f"{rng.choice(['second', 'third', 'fourth', 'fifth'])} place with {rng.randint(3, 12)} games "
+            f"left. Coach {person} praised the team's patience but warned that the next match, away at "
+            f"{rng.choice([t for t in TEAM_NAMES if t not in (home, away)])}, would be much harder."
+        )
+    if kind == 5:
+        event = rng.choice(WEATHER_EVENTS)
+        return (
+            f"{event[0].capitalize()} hit {rng.choice(CITIES)} on {_date(rng)}. {event[1]} About "
+            f"{rng.randint(12, 300)} flights were cancelled and {rng.randint(5, 120)} schools closed for the "
+            f"day. Emergency services answered more than {rng.randrange(100, 3000, 10)} calls. Officials "
+            "urged residents to avoid unnecessary travel, and forecasters expect conditions to "
+            f"{rng.choice(WEATHER_OUTLOOKS)}."
+        )
+    if kind == 6:
+        return (
+            f"Archaeologists working near {rng.choice(CITIES)} have uncovered {rng.choice(FINDS)} dating "
+            f"back about {rng.randrange(600, 5000, 100):,} years. The site was found during construction of "
+            f"{rng.choice(['a new road', 'a school gym', 'a housing estate', 'a water pipeline'])}. Project "
+            f"lead {person} said {rng.choice(FIND_NOTES)} The objects will be cleaned and studied over the "
+            f"next {rng.randint(2, 18)} months before going on display at the regional museum."
+        )
+    if kind == 7:
+        product = rng.choice(PRODUCTS)
+        return (
+            f"{rng.choice(COMPANIES)} has launched a new version of {product}, priced at "
+            f"{_money(rng, 30, 900)}. The company says it is {rng.randint(10, 40)}% lighter than the "
+            f"previous model and {rng.choice(LAUNCH_NOTES)} Early reviewers praised the design but "
+            "criticized "
+            f"{rng.choice(LAUNCH_COMPLAINTS)}. It goes on sale in {rng.randint(3, 30)} countries on "
+            f"{_date(rng, (2025,))}."
+        )
+    if kind == 8:
+        return (
+            f"A new exhibition at the {rng.choice(CITIES)} City Museum brings together "
+            f"{rng.randint(40, 300)} {rng.choice(EXHIBITS)}, many shown in public for the first time. "
+            f"Curator {person} spent {rng.randint(2, 6)} years tracking down pieces held by private "
+            f"collectors. {rng.choice(EXHIBIT_NOTES)} The exhibition runs until {_date(rng, (2025, 2026))}, "
+            f"and tickets cost {_money(rng, 6, 25)}, with free entry on the first Sunday of each month."
+        )
+    if kind == 9:
+        a, b = rng.sample(CITIES, 2)
+        return (
+            f"Rail services between {a} and {b} will be suspended for {rng.randint(2, 9)} weeks from "
+            f"{_date(rng, (2025,))} while engineers {rng.choice(RAIL_WORKS)}. Replacement buses will run "
+            f"every {rng.choice([15, 20, 30])} minutes, but journeys will take about {rng.randint(20, 75)} "
+            f"minutes longer. The operator, represented by {person}, apologized for the disruption and said "
+            f"the work would allow {rng.choice(['faster', 'more frequent', 'longer'])} trains to run from "
+            "next year."
+        )
     return (
         f"A team of researchers led by {person} has found that {rng.choice(FINDINGS)}. The study followed "
         f"{rng.randrange(120, 20_000, 10)} participants in {rng.choice(CITIES)} over {rng.randint(2, 15)} "
@@ -2940,7 +3108,8 @@ Condense this paragraph to about half its length.
 
 def _summarization(rng: random.Random) -> tuple[str, str]:
     ask = rng.choice(SUMMARY_ASKS)
-    if rng.random() < 0.55:
+    # Hand-written paragraphs are few, so most summaries are of generated reports to keep inputs varied.
+    if rng.random() < 0.3:
         idx = rng.randrange(len(PARAGRAPHS))
         text, key = PARAGRAPHS[idx], f"{idx}:{ask}"
     else:
@@ -3082,7 +3251,9 @@ def _qa(rng: random.Random) -> tuple[str, str]:
         return q, a
     if kind == 5:
         inv = rng.choice(INVENTIONS)
-        q = rng.choice([f"Who invented {inv}?", f"When was {inv} invented?", f"Who is credited with {inv}, and when?"])
+        q = rng.choice(
+            [f"Who invented {inv}?", f"When was {inv} invented?", f"Who is credited with {inv}, and when?"]
+        )
         return q, q
     if kind == 6:
         an = rng.choice(ANIMALS)
@@ -3218,7 +3389,9 @@ def _festival_passage(rng: random.Random, name: str) -> tuple[str, dict[str, str
     return text, f
 
 
-ENTITY_KINDS: list[tuple[Callable[[random.Random, str], tuple[str, dict[str, str]]], list[str], list[str], str]] = [
+ENTITY_KINDS: list[
+    tuple[Callable[[random.Random, str], tuple[str, dict[str, str]]], list[str], list[str], str]
+] = [
     (
         _bridge_passage,
         ["Harlow", "Kettering", "Ashby", "Morrow", "Blackwater", "Linden", "Fairholme", "Corrie"],
@@ -3388,7 +3561,9 @@ def _category_prompts(category: str, count: int, seed: int) -> list[str]:
     while len(out) < count:
         attempts += 1
         if attempts > 500 * count + 1000:
-            raise RuntimeError(f"category {category!r} cannot produce {count} distinct prompts (got {len(out)})")
+            raise RuntimeError(
+                f"category {category!r} cannot produce {count} distinct prompts (got {len(out)})"
+            )
         res = gen(rng)
         prompt, key = (res, res) if isinstance(res, str) else res
         prompt = prompt.strip()

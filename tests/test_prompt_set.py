@@ -68,7 +68,9 @@ def test_shipped_jsonl_matches_generator(prompts):
     if not SHIPPED.is_file():
         pytest.skip("recipes/data/train_prompts.jsonl not generated")
     shipped = [json.loads(line) for line in SHIPPED.read_text(encoding="utf-8").splitlines() if line.strip()]
-    assert shipped == prompts, "regenerate with: python -m specexport.exporter.prompt_set --out " + str(SHIPPED)
+    assert shipped == prompts, "regenerate with: python -m specexport.exporter.prompt_set --out " + str(
+        SHIPPED
+    )
     assert SHIPPED.stat().st_size < 3_000_000
 
 
@@ -154,7 +156,9 @@ def test_shards_write_load_and_resume(tiny_checkpoint, tmp_path):
     shards[1].unlink()
     distill_data.generate_responses(tiny_checkpoint, TINY_PROMPTS, out, **kw)
     assert shards[0].stat().st_mtime_ns == before["shard_00000.npz"]
-    assert all(np.array_equal(a, b) for (a, _), (b, _) in zip(seqs, distill_data.load_sequences(out), strict=True))
+    assert all(
+        np.array_equal(a, b) for (a, _), (b, _) in zip(seqs, distill_data.load_sequences(out), strict=True)
+    )
 
     with pytest.raises(ValueError, match="different settings"):
         distill_data.generate_responses(tiny_checkpoint, TINY_PROMPTS, out, **{**kw, "max_new_tokens": 7})
