@@ -56,7 +56,8 @@ KEYS = {
     "versions": "installed versions of the packages involved (null when not installed)",
     "bundle": "path, name, precision, flavour, exit_layer, pieces and source checkpoint of the bundle",
     "settings": "questions file, categories, limit per category, max_new_tokens, max_prompt_tokens, greedy,"
-                " batch_size, warmup, systems order",
+                " batch_size, warmup, threads (every system's intra-op threads; null = one per core),"
+                " reference, systems (run order of the first question)",
     "systems": "system name -> {label, kind (specexport|baseline), mode, precision, setup_s, note}",
     "skipped": "system name -> why it did not run (missing package or piece, failed set-up), or why it"
                " stopped early (its results then cover the questions before the failure)",
@@ -69,9 +70,10 @@ KEYS = {
     "results.*.speedup": f"median over questions of tokens_per_s / tokens_per_s of {REFERENCE} on the same"
                          " question",
     "results.*.speedup_total": f"tokens_per_s_total / tokens_per_s_total of {REFERENCE}",
-    "results.*.mean_accepted_tokens": "tau: new tokens per target-model forward pass, the prefill's included"
-                                      " (1.00 for autoregressive decoding); null when the system does not"
-                                      " expose its steps",
+    "results.*.mean_accepted_tokens": "tau: tokens emitted per target-model forward pass, the prefill's"
+                                      " included and a final EOS counted as emitted (1.00 for"
+                                      " autoregressive decoding); null when the system does not expose its"
+                                      " steps",
     "results.*.acceptance_rate": "accepted / drafted tokens; null when nothing was drafted or the system"
                                  " does not expose it",
     "results.*.identical_to_ar": f"every output's token ids equal {REFERENCE}'s for the question (must hold"
@@ -263,10 +265,12 @@ _HF_MODELS: dict[str, object] = {}  # one PyTorch model per checkpoint, shared b
 class HFSystem(System):
     """Hugging Face transformers `generate`, PyTorch fp32 on the CPU; `lookup` = prompt lookup decoding."""
 
-    def __init__(self, checkpoint: Path | None, eos_ids: set[int], lookup: int | None = None) -> None:
+    def __init__(self, checkpoint: Path | None, eos_ids: set[int], lookup: int | None = None,
+                 threads: int | None = None) -> None:
         self.checkpoint = checkpoint
         self.eos_ids = eos_ids
         self.lookup = lookup
+        self.threads = threads
         self.name = "hf-lookup" if lookup else "hf"
         self.label = f"HF prompt lookup ({lookup})" if lookup else "HF transformers"
         self.mode = "prompt-lookup" if lookup else "ar"
@@ -284,6 +288,8 @@ class HFSystem(System):
 
         transformers.logging.set_verbosity_error()
         transformers.logging.disable_progress_bar()
+        if self.threads:
+            torch.set_num_threads(self.threads)
         self.torch = torch
         key = str(self.checkpoint)
         if key not in _HF_MODELS:
@@ -345,11 +351,16 @@ def ortgenai_model_dir(checkpoint: Path, precision: str, log: Callable[[str], No
 
 
 class OrtGenAISystem(System):
+    """ONNX Runtime GenAI on its own builder's export. Its intra-op threads are set like the bundle's
+    sessions (`threads`, default 0 = ONNX Runtime's one per core): left alone, onnxruntime-genai 0.18
+    runs one thread, half its speed on two cores."""
+
     def __init__(self, checkpoint: Path | None, eos_ids: set[int], precision: str = "fp32",
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, threads: int | None = None) -> None:
         self.checkpoint = checkpoint
         self.eos_ids = eos_ids
         self.precision = precision
+        self.threads = threads
         self.name = f"ortgenai-{precision}"
         self.label = f"ORT GenAI {precision}"
         self.log = log
@@ -365,8 +376,12 @@ class OrtGenAISystem(System):
 
         self.og = og
         path = ortgenai_model_dir(self.checkpoint, self.precision, self.log)
-        self.model = og.Model(str(path))
-        self.note = f"onnxruntime-genai {importlib.metadata.version('onnxruntime-genai')}, model {path}"
+        config = og.Config(str(path))
+        threads = self.threads or 0
+        config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}))
+        self.model = og.Model(config)
+        self.note = (f"onnxruntime-genai {importlib.metadata.version('onnxruntime-genai')},"
+                     f" intra_op_num_threads {threads}{' (one per core)' if not threads else ''}, model {path}")
 
     def generate(self, prompt_ids, max_new_tokens):
         og = self.og
@@ -410,6 +425,11 @@ def first_mismatch(a: Sequence[int], b: Sequence[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def _emitted(new_tokens: int, finish_reason: str) -> int:
+    """Tokens the target emitted: the new tokens, plus the EOS that ended the answer (which took a step)."""
+    return new_tokens + (finish_reason == "eos")
+
+
 def make_record(question: Question, system: str, result: RunResult, prompt_tokens: int, prompt_cut: bool) -> dict:
     tps = result.new_tokens / result.seconds if result.seconds > 0 else None
     return {
@@ -417,7 +437,8 @@ def make_record(question: Question, system: str, result: RunResult, prompt_token
         "prompt_tokens": prompt_tokens, "prompt_cut": prompt_cut, "new_tokens": result.new_tokens,
         "seconds": result.seconds, "tokens_per_s": tps, "steps": result.steps, "drafted": result.drafted,
         "accepted": result.accepted,
-        "mean_accepted_tokens": result.new_tokens / result.steps if result.steps else None,
+        "mean_accepted_tokens": _emitted(result.new_tokens, result.finish_reason) / result.steps
+        if result.steps else None,
         "acceptance_rate": result.accepted / result.drafted if result.drafted else None,
         "finish_reason": result.finish_reason,
         # filled in against the reference once every system has run the question:
@@ -447,7 +468,8 @@ def group_metrics(rows: list[dict], ref_rows: list[dict]) -> dict:
     ref_total = ref_tokens / ref_seconds if ref_seconds > 0 else None
     steps = [r["steps"] for r in rows]
     drafted = [r["drafted"] for r in rows]
-    tau = n_tokens / sum(steps) if rows and None not in steps and sum(steps) > 0 else None
+    emitted = sum(_emitted(r["new_tokens"], r["finish_reason"]) for r in rows)
+    tau = emitted / sum(steps) if rows and None not in steps and sum(steps) > 0 else None
     accept = (sum(r["accepted"] or 0 for r in rows) / sum(drafted)
               if rows and None not in drafted and sum(drafted) > 0 else None)
     flags = [r["identical_to_ar"] for r in rows if r["identical_to_ar"] is not None]
@@ -631,15 +653,15 @@ def make_systems(session, cfg: BenchConfig, log: Callable[[str], None]) -> tuple
         if name not in BASELINES:
             raise SpecExportError(f"unknown baseline {name!r}; use any of {', '.join(BASELINES)}")
         if name == "hf":
-            systems.append(HFSystem(checkpoint, eos))
+            systems.append(HFSystem(checkpoint, eos, threads=cfg.threads))
         elif name == "hf-lookup":
-            systems.append(HFSystem(checkpoint, eos, lookup=HF_LOOKUP_TOKENS))
+            systems.append(HFSystem(checkpoint, eos, lookup=HF_LOOKUP_TOKENS, threads=cfg.threads))
         elif name == "ortgenai":  # fp32, plus the bundle's own precision when that is int4
-            systems.append(OrtGenAISystem(checkpoint, eos, "fp32", log))
+            systems.append(OrtGenAISystem(checkpoint, eos, "fp32", log, cfg.threads))
             if precision == "int4":
-                systems.append(OrtGenAISystem(checkpoint, eos, "int4", log))
+                systems.append(OrtGenAISystem(checkpoint, eos, "int4", log, cfg.threads))
         else:
-            systems.append(OrtGenAISystem(checkpoint, eos, name.split("-", 1)[1], log))
+            systems.append(OrtGenAISystem(checkpoint, eos, name.split("-", 1)[1], log, cfg.threads))
     unique: dict[str, System] = {}
     for s in systems:
         unique.setdefault(s.name, s)
@@ -674,11 +696,12 @@ def start_systems(candidates: Sequence[System], skipped: dict[str, str], warmup:
 
 def run_interleaved(systems: Sequence[System], questions: Sequence[Question],
                     prompts: Sequence[tuple[list[int], bool]], max_new_tokens: int, skipped: dict[str, str],
-                    progress: Callable[[str, Question], None] | None = None,
+                    progress: Callable[[str, Question, dict | None], None] | None = None,
                     log: Callable[[str], None] = print) -> list[dict]:
     """Every system on question 1, then every system on question 2, ..., the order rotated by one
     system per question. A baseline or speculative mode that fails stops there (its reason goes to
-    `skipped`, its earlier records stay); the reference failing is an error."""
+    `skipped`, its earlier records stay); the reference failing is an error. `progress(system,
+    question, record)` follows every run (record None when the system failed or had failed)."""
     names = [s.name for s in systems]
     if REFERENCE not in names:
         raise ValueError(f"the reference system {REFERENCE} must be among the systems")
@@ -688,33 +711,34 @@ def run_interleaved(systems: Sequence[System], questions: Sequence[Question],
         order = [*systems[k:], *systems[:k]]  # rotated: no system always runs right after another
         q_records, outputs = [], {}
         for system in order:
-            if system.name in skipped:  # failed on an earlier question
-                if progress:
-                    progress(system.name, q)
-                continue
+            record = None
             try:
-                result = system.generate(ids, max_new_tokens)
-            except Exception as exc:
-                if system.name == REFERENCE:
-                    raise
-                skipped[system.name] = (f"failed on question {q.question_id}: {type(exc).__name__}: {exc};"
-                                        " its figures cover the questions before it")
-                log(f"{system.name}: {skipped[system.name]}")
-                continue
+                if system.name in skipped:  # failed on an earlier question
+                    continue
+                try:
+                    result = system.generate(ids, max_new_tokens)
+                except Exception as exc:
+                    if system.name == REFERENCE:
+                        raise
+                    skipped[system.name] = (f"failed on question {q.question_id}: {type(exc).__name__}: {exc};"
+                                            " its figures cover the questions before it")
+                    log(f"{system.name}: {skipped[system.name]}")
+                    continue
+                record = make_record(q, system.name, result, len(ids), cut)
+                q_records.append(record)
+                outputs[system.name] = result.tokens
             finally:
                 if progress:
-                    progress(system.name, q)
-            q_records.append(make_record(q, system.name, result, len(ids), cut))
-            outputs[system.name] = result.tokens
+                    progress(system.name, q, record)
         compare_to_reference(q_records, outputs)
         q_records.sort(key=lambda r: names.index(r["system"]))
         records.extend(q_records)
     return records
 
 
-def run_bench(cfg: BenchConfig, progress: Callable[[str, Question], None] | None = None,
+def run_bench(cfg: BenchConfig, progress: Callable[[str, Question, dict | None], None] | None = None,
               log: Callable[[str], None] = print, total_hook: Callable[[int], None] | None = None) -> dict:
-    """Run the benchmark; returns the report (see KEYS). `progress(system, question)` after every run;
+    """Run the benchmark; returns the report (see KEYS). `progress(system, question, record)` after every run;
     `total_hook(n)` once the number of runs is known."""
     from .errors import SpecExportError
     from .session import load

@@ -177,5 +177,15 @@ def inspect(bundle, as_json) -> None:
              " rebuild it with `specexport build`")
 
 
+def _register_subcommands() -> None:
+    # each module defines its commands lazily-importing what they need, so `--help` stays fast
+    from . import cli_bench, cli_tensorrt
+
+    cli_bench.register(main)
+    cli_tensorrt.register(main)
+
+
+_register_subcommands()
+
 if __name__ == "__main__":
     main()

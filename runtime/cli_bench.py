@@ -34,7 +34,8 @@ def register(main: click.Group) -> None:
                   " is int4), ortgenai-fp32, ortgenai-int4; 'none' for none.")
     @click.option("--out", type=click.Path(path_type=Path), default=None,
                   help="Report directory (default: reports/<bundle directory name>).")
-    @click.option("--threads", type=int, default=None, help="Threads per ONNX Runtime session of the bundle.")
+    @click.option("--threads", type=int, default=None, help="Intra-op threads of every system (the bundle's ONNX"
+                  " Runtime sessions, ORT GenAI, PyTorch). Default: one per core.")
     @click.option("--no-warmup", is_flag=True, help="Skip each system's untimed warm-up run.")
     @click.option("--no-memory", is_flag=True, help="Skip the peak-memory probe of `specexport generate`.")
     @click.option("--json", "as_json", is_flag=True, help="Print report.json on stdout.")
@@ -61,13 +62,20 @@ def register(main: click.Group) -> None:
         def log(message: str) -> None:
             bar.write(message, file=sys.stderr)
 
+        counts = {"done": 0, "total": 0}
+
         def total(n: int) -> None:
-            bar.total = n
+            counts["total"] = bar.total = n
             bar.refresh()
 
-        def progress(system: str, question) -> None:
+        def progress(system: str, question, record: dict | None) -> None:
+            counts["done"] += 1
             bar.set_postfix_str(f"{question.category} {question.question_id} {system}", refresh=False)
             bar.update(1)
+            if bar.disable and record:  # no terminal (CI, a log file): one line per run instead
+                click.echo(f"[{counts['done']}/{counts['total']}] {question.category} {question.question_id}"
+                           f" {system}: {record['new_tokens']} tokens, {record['tokens_per_s']:.1f} tokens/s",
+                           err=True)
 
         try:
             report = run_bench(cfg, progress=progress, log=log, total_hook=total)

@@ -112,6 +112,18 @@ def test_cut_text_keeps_the_last_tokens():
 # -- one run --------------------------------------------------------------------------------------------
 
 
+def test_tau_counts_the_eos_step():
+    q = Question(1, "qa", "x")
+    ar_eos = make_record(q, REFERENCE, RunResult([5] * 49, 1.0, steps=50, finish_reason="eos"), 10, False)
+    assert ar_eos["mean_accepted_tokens"] == pytest.approx(1.0)
+    spec = make_record(q, "specexport-self", RunResult([5] * 49, 1.0, steps=20, drafted=40, accepted=30,
+                                                       finish_reason="eos"), 10, False)
+    assert spec["mean_accepted_tokens"] == pytest.approx(2.5)
+    compare_to_reference([ar_eos, spec], {REFERENCE: [5] * 49, "specexport-self": [5] * 49})
+    tau = aggregate([ar_eos, spec], [REFERENCE, "specexport-self"])
+    assert tau[REFERENCE]["overall"]["mean_accepted_tokens"] == pytest.approx(1.0)
+
+
 def test_strip_eos_and_first_mismatch():
     assert strip_eos([5, 6, 2, 7], {2}, 10) == ([5, 6], "eos")
     assert strip_eos([5, 6, 7], {2}, 2) == ([5, 6], "length")
@@ -222,12 +234,13 @@ def test_interleaved_rotates_order_and_handles_failures():
     prompts = [([i], False) for i in (1, 2, 3)]
     skipped: dict = {}
     seen = []
-    records = run_interleaved(systems, qs, prompts, 8, skipped, progress=lambda s, q: seen.append((q.question_id, s)),
-                              log=lambda m: None)
+    records = run_interleaved(systems, qs, prompts, 8, skipped,
+                              progress=lambda s, q, r: seen.append((q.question_id, s, r)), log=lambda m: None)
     # question 1: ar, self, hf; question 2 starts one later: self, hf (fails), ar; question 3: hf is out
     assert [c[0] for c in calls] == [REFERENCE, "specexport-self", "hf", "specexport-self", "hf", REFERENCE,
                                      REFERENCE, "specexport-self"]
     assert len(seen) == 9  # the progress bar still counts the runs a failed system no longer makes
+    assert [r is None for _, s, r in seen if s == "hf"] == [False, True, True]
     assert "failed on question 2" in skipped["hf"]
     assert [(r["question_id"], r["system"]) for r in records] == [
         (1, REFERENCE), (1, "specexport-self"), (1, "hf"), (2, REFERENCE), (2, "specexport-self"),
