@@ -20,7 +20,9 @@ from ..runtime.errors import SpecExportError
 from .trt_targets import load_target, matrix_version, ops_matrix
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
-MAX_LISTED = 8  # failing nodes named in one error sentence
+MAX_LISTED = 6  # nodes named per failing operator in the error sentence
+# ONNX Runtime contrib ops it registers in the default domain: they look standard but are not
+ORT_ONLY = ("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization")
 
 
 @dataclass
@@ -69,15 +71,23 @@ class OpCheckReport:
         return "\n".join(lines)
 
     def raise_if_failed(self) -> None:
+        """One sentence naming every failing node, grouped by operator and reason."""
         if self.ok:
             return
-        listed = "; ".join(f"{f.where()}: {f.reason}" for f in self.errors[:MAX_LISTED])
-        more = len(self.errors) - MAX_LISTED
-        raise SpecExportError(
-            f"TensorRT {self.tensorrt} (target {self.target}) cannot parse {len(self.errors)} node(s): {listed}"
-            + (f"; and {more} more" if more > 0 else "")
-            + (" (build with --flavour standard for TensorRT)" if any(
-                f.domain not in DEFAULT_DOMAINS for f in self.errors) else ""))
+        groups: dict[tuple[str, str, str], list[Finding]] = {}
+        for f in self.errors:
+            groups.setdefault((f.domain, f.op_type, f.reason), []).append(f)
+        parts = []
+        for (domain, op_type, reason), found in groups.items():
+            op = f"{domain}:{op_type}" if domain not in DEFAULT_DOMAINS else op_type
+            names = [f"{f.piece}/{f.node}" for f in found]
+            listed = ", ".join(names[:MAX_LISTED]) + (f" and {len(names) - MAX_LISTED} more"
+                                                       if len(names) > MAX_LISTED else "")
+            parts.append(f"{op} at {listed} ({reason})")
+        hint = (" (export with --flavour standard for TensorRT)"
+                if any(f.domain not in DEFAULT_DOMAINS or f.op_type in ORT_ONLY for f in self.errors) else "")
+        raise SpecExportError(f"TensorRT {self.tensorrt} (target {self.target}) cannot parse {len(self.errors)}"
+                              f" node(s): {'; '.join(parts)}{hint}")
 
 
 def _vkey(version: str) -> tuple[int, ...]:
@@ -223,14 +233,18 @@ def check_graph(graph: onnx.GraphProto, version: str, piece: str = "model", base
         domain = node.domain or ""
         counts[node.op_type] = counts.get(node.op_type, 0) + 1
 
-        def fail(reason: str, severity: str = "error", node=node, name=name, domain=domain) -> None:
-            (errors if severity == "error" else warnings).append(
-                Finding(piece, name, node.op_type, domain, reason))
+        def fail(reason: str, severity: str = "error", node=node, name=name, domain=domain,
+                 sink=(errors, warnings)) -> None:
+            sink[0 if severity == "error" else 1].append(Finding(piece, name, node.op_type, domain, reason))
 
         if domain not in DEFAULT_DOMAINS:
             note = domains.get(domain, "a custom domain TensorRT's parser does not know (it would need a plugin"
                                        " named after the op)")
             fail(f"domain {domain!r} is {note}")
+            continue
+        if node.op_type in ORT_ONLY:
+            fail(f"{node.op_type} is an ONNX Runtime contrib op registered in the default domain, not an ONNX"
+                 " standard op; TensorRT's parser has no importer for it")
             continue
         if node.op_type in unsupported:
             fail(f"not supported by TensorRT's ONNX parser ({unsupported[node.op_type]})")

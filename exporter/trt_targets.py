@@ -7,12 +7,15 @@ A target says which TensorRT the device runs (so which operator matrix applies),
 from __future__ import annotations
 
 import json
-import tomllib
 from functools import lru_cache
 from pathlib import Path
 
+try:
+    import tomllib  # Python 3.11+
+except ModuleNotFoundError:  # Python 3.10: JetPack 6's system Python
+    import tomli as tomllib
+
 from ..runtime.errors import SpecExportError
-from .recipe import recipes_dir
 
 OPS_FILE = "trt_ops.json"
 PRECISIONS = ("fp16",)  # strongly typed builds take the precision from the ONNX file
@@ -20,6 +23,17 @@ HARDWARE_COMPAT = ("none", "ampere+")
 BUILD_DEFAULTS = {"precision": "fp16", "max_batch": 1, "builder_optimization_level": 3,
                   "hardware_compatibility": "none", "version_compatible": False, "verify_opt": 7,
                   "verify_max": 16}
+
+
+def recipes_dir() -> Path:
+    """The recipes package's folder (as exporter.recipe finds it; not imported from there so that this
+    module, needed by `specexport check` on the device, imports on Python 3.10 with tomli)."""
+    try:
+        from importlib.resources import files
+
+        return Path(str(files("specexport.recipes")))
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parent.parent / "recipes"
 
 
 def targets_dir() -> Path:
@@ -88,8 +102,7 @@ def _validate(data: dict, path: Path) -> dict:
             raise SpecExportError(f"{where}: [build] {key} must be a positive integer, not {build[key]!r}")
     if not 0 <= int(build["builder_optimization_level"]) <= 5:
         raise SpecExportError(f"{where}: builder_optimization_level must be 0..5")
-    if build["verify_max"] > build["max_context"]:
-        raise SpecExportError(f"{where}: verify_max exceeds max_context")
+    build["verify_max"] = min(build["verify_max"], build["max_context"])
     build.setdefault("prefill_opt", min(256, build["max_context"]))
     build["prefill_opt"] = min(int(build["prefill_opt"]), build["max_context"])
     build["verify_opt"] = min(build["verify_opt"], build["verify_max"])

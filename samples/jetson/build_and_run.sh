@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Export the default bundle with a TensorRT plan on this host, copy it to a Jetson, build the engines
+# there and generate. NOT YET RUN ON A DEVICE (see README.md: nothing of the TensorRT path has run on a GPU).
+#
+#   samples/jetson/build_and_run.sh user@jetson [target]     # target: orin-nano (default), agx-orin, thor
+#   samples/jetson/build_and_run.sh local [target]           # everything on this machine (run it on the Jetson)
+#
+# Environment: REMOTE_DIR (default: specexport, relative to the remote home), VENV (the device's virtual
+# environment, default: ~/specexport-venv), PROMPT.
+set -euo pipefail
+
+DEVICE="${1:?usage: $0 user@jetson|local [target]}"
+TARGET="${2:-orin-nano}"
+BUNDLE="bundles/smollm2-${TARGET}"
+REMOTE_DIR="${REMOTE_DIR:-specexport}"
+VENV="${VENV:-\$HOME/specexport-venv}"
+PROMPT="${PROMPT:-Explain how a hash table works.}"
+
+# 1. export fp16 standard-flavour pieces, check them against the target's TensorRT, write the plan and
+#    the trtexec scripts: no GPU needed
+specexport build --backend tensorrt --target "$TARGET" --plan-only --out "$BUNDLE" --force
+specexport check "$BUNDLE" --target "$TARGET" > /dev/null
+
+device_steps="
+set -euo pipefail
+[ -f $VENV/bin/activate ] && . $VENV/bin/activate
+python3 -c 'import tensorrt' || { echo 'TensorRT Python bindings missing: sudo apt install python3-libnvinfer' >&2; exit 1; }
+specexport engines build '$BUNDLE'
+specexport generate --bundle '$BUNDLE' --backend tensorrt --stats '$PROMPT'
+"
+
+if [ "$DEVICE" = local ]; then
+    bash -c "$device_steps"
+else
+    # 2. copy the bundle (ONNX pieces, manifest, scripts); engines are built on the device only
+    ssh "$DEVICE" "mkdir -p '$REMOTE_DIR/bundles'"
+    rsync -a --delete --exclude '*.engine' "$BUNDLE/" "$DEVICE:$REMOTE_DIR/$BUNDLE/"
+    # 3. build the engines on the device and run
+    ssh "$DEVICE" "cd '$REMOTE_DIR' && bash -s" <<< "$device_steps"
+fi

@@ -1,0 +1,364 @@
+"""CALL ORDER ONLY. `FakeTensorRT` and `FakeCudaRuntime` are test doubles of the `tensorrt` module and of
+cuda-python's runtime: they record which API calls the engine builder and the TensorRT piece make, in
+which order and with which arguments. They build nothing and compute nothing, so these tests verify the
+sequence of calls (strongly typed network, parse_from_file, workspace cap, timing cache shared across
+pieces and reused across runs, three profiles with shape-tensor values, the swap of two KV buffers that
+are never bound as both input and output), NOT that TensorRT accepts the graphs or computes the right
+numbers. That needs a GPU: tests/test_tensorrt_gpu.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from types import SimpleNamespace
+
+import numpy as np
+import onnx
+import pytest
+from specexport.exporter.trt_plan import plan_tensorrt
+from specexport.runtime.manifest import load_bundle
+from specexport.runtime.trt_backend import open_trt_piece
+from specexport.runtime.trt_build import build_engines
+
+from .test_tensorrt_fp16 import make_tiny_bundle
+
+
+class FakeTensorRT:
+    """Test double of the `tensorrt` module: records calls; no engine is ever built (call order only)."""
+
+    __version__ = "10.3.0.30"
+
+    class Logger:
+        WARNING = 2
+
+        def __init__(self, level):
+            self.level = level
+
+    class NetworkDefinitionCreationFlag:
+        STRONGLY_TYPED = 1
+
+    class MemoryPoolType:
+        WORKSPACE = "WORKSPACE"
+
+    class BuilderFlag:
+        VERSION_COMPATIBLE = "VERSION_COMPATIBLE"
+
+    class HardwareCompatibilityLevel:
+        AMPERE_PLUS = "AMPERE_PLUS"
+
+    class ExecutionContextAllocationStrategy:
+        USER_MANAGED = "USER_MANAGED"
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+        fake = self
+
+        class Cache:
+            def __init__(self, data):
+                self.data = data
+
+            def serialize(self):
+                fake.calls.append(("cache.serialize",))
+                return b"timing-cache:" + self.data
+
+        class Profile:
+            def set_shape(self, name, lo, opt, hi):
+                fake.calls.append(("profile.set_shape", name, list(lo), list(opt), list(hi)))
+
+            def set_shape_input(self, name, lo, opt, hi):
+                fake.calls.append(("profile.set_shape_input", name, list(lo), list(opt), list(hi)))
+
+        class Config:
+            def __init__(self):
+                self.profiles = 0
+
+            def set_memory_pool_limit(self, pool, size):
+                fake.calls.append(("config.set_memory_pool_limit", pool, size))
+
+            def __setattr__(self, key, value):
+                if key != "profiles":
+                    fake.calls.append(("config." + key, value))
+                object.__setattr__(self, key, value)
+
+            def set_flag(self, flag):
+                fake.calls.append(("config.set_flag", flag))
+
+            def create_timing_cache(self, data):
+                fake.calls.append(("config.create_timing_cache", bytes(data)))
+                return Cache(bytes(data))
+
+            def set_timing_cache(self, cache, ignore_mismatch):
+                fake.calls.append(("config.set_timing_cache", id(cache), ignore_mismatch))
+                return True
+
+            def add_optimization_profile(self, profile):
+                fake.calls.append(("config.add_optimization_profile",))
+                self.profiles += 1
+                return self.profiles - 1
+
+        class Network:
+            def __init__(self, flags):
+                self.flags, self.inputs = flags, []
+
+            @property
+            def num_inputs(self):
+                return len(self.inputs)
+
+            def get_input(self, i):
+                return self.inputs[i]
+
+        class Builder:
+            def __init__(self, logger):
+                fake.calls.append(("Builder",))
+
+            def create_network(self, flags):
+                fake.calls.append(("builder.create_network", flags))
+                return Network(flags)
+
+            def create_builder_config(self):
+                fake.calls.append(("builder.create_builder_config",))
+                return Config()
+
+            def create_optimization_profile(self):
+                return Profile()
+
+            def build_serialized_network(self, network, config):
+                fake.calls.append(("builder.build_serialized_network", config.profiles))
+                return b"fake-engine:" + ",".join(t.name for t in network.inputs).encode()
+
+        class OnnxParser:
+            num_errors = 0
+
+            def __init__(self, network, logger):
+                self.network = network
+
+            def parse_from_file(self, path):
+                fake.calls.append(("parser.parse_from_file", path))
+                model = onnx.load(path, load_external_data=False)
+                self.network.inputs = [SimpleNamespace(name=v.name, is_shape_tensor=v.name == "logits_to_keep")
+                                       for v in model.graph.input]
+                return True
+
+        class Context:
+            def __init__(self, index):
+                self.index, self.shapes = index, {}
+
+            def set_device_memory(self, ptr, size):
+                fake.calls.append(("context.set_device_memory", ptr, size))
+
+            def set_optimization_profile_async(self, i, stream):
+                fake.calls.append(("context.set_optimization_profile_async", i, stream))
+                self.profile = i
+                return True
+
+            def set_input_shape(self, name, shape):
+                fake.calls.append(("context.set_input_shape", self.profile, name, tuple(shape)))
+                self.shapes[name] = tuple(shape)
+                return True
+
+            def set_tensor_address(self, name, ptr):
+                fake.calls.append(("context.set_tensor_address", self.profile, name, ptr))
+                return True
+
+            def execute_async_v3(self, stream):
+                fake.calls.append(("context.execute_async_v3", self.profile, stream))
+                return True
+
+            def get_tensor_shape(self, name):
+                primary = self.shapes.get("hidden_in") or self.shapes.get("input_ids")
+                return {"hidden": (1, primary[1], 64), "logits": (1, 1, 300), "top_token": (1, 1),
+                        "top_prob": (1, 1)}[name]
+
+        class Engine:
+            num_optimization_profiles = 3
+
+            def __init__(self):
+                self.contexts = 0
+
+            def is_shape_inference_io(self, name):
+                return name == "logits_to_keep"
+
+            def get_device_memory_size_for_profile_v2(self, i):
+                return 1000 * (i + 1)
+
+            def create_execution_context(self, strategy=None):
+                fake.calls.append(("engine.create_execution_context", strategy))
+                self.contexts += 1
+                return Context(self.contexts - 1)
+
+        class Runtime:
+            def __init__(self, logger):
+                pass
+
+            def deserialize_cuda_engine(self, data):
+                fake.calls.append(("runtime.deserialize_cuda_engine", bytes(data[:12])))
+                return Engine()
+
+        self.Builder, self.OnnxParser, self.Runtime = Builder, OnnxParser, Runtime
+
+
+class FakeCudaRuntime:
+    """Test double of cuda-python's runtime module: hands out fake pointers, copies nothing (call order only)."""
+
+    class cudaMemcpyKind:
+        cudaMemcpyHostToDevice = 1
+        cudaMemcpyDeviceToHost = 2
+
+    def __init__(self, major=8, minor=7):
+        self.calls: list[tuple] = []
+        self.next_ptr = 0x1000
+        self.props = SimpleNamespace(major=major, minor=minor, name=b"Fake Orin (test double)")
+
+    def cudaGetDeviceCount(self):
+        return 0, 1
+
+    def cudaGetDeviceProperties(self, device):
+        return 0, self.props
+
+    def cudaStreamCreate(self):
+        return 0, 77
+
+    def cudaMalloc(self, nbytes):
+        self.next_ptr += 0x100000
+        self.calls.append(("cudaMalloc", nbytes, self.next_ptr))
+        return 0, self.next_ptr
+
+    def cudaFree(self, ptr):
+        return (0,)
+
+    def cudaMemsetAsync(self, ptr, value, nbytes, stream):
+        self.calls.append(("cudaMemsetAsync", ptr, nbytes))
+        return (0,)
+
+    def cudaMemcpyAsync(self, dst, src, nbytes, kind, stream):
+        self.calls.append(("cudaMemcpyAsync", kind, nbytes))
+        return (0,)
+
+    def cudaStreamSynchronize(self, stream):
+        self.calls.append(("cudaStreamSynchronize",))
+        return (0,)
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory, tiny_checkpoint):
+    out = make_tiny_bundle(tmp_path_factory.mktemp("calls") / "b", tiny_checkpoint)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["tensorrt"] = plan_tensorrt(out, manifest["pieces"], "orin-nano")
+    manifest["files"].update(manifest["tensorrt"]["files"])
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return out
+
+
+@pytest.fixture()
+def bundle(planned, tmp_path):
+    out = tmp_path / "b"
+    shutil.copytree(planned, out)
+    return out
+
+
+def _names(calls):
+    return [c[0] for c in calls]
+
+
+def test_build_engines_call_order(bundle):
+    trt, cuda = FakeTensorRT(), FakeCudaRuntime()
+    manifest = build_engines(bundle, trt=trt, cudart=cuda, log=lambda m: None)
+    names = _names(trt.calls)
+    assert names.count("Builder") == 1  # one builder for all pieces
+    parses = [c[1] for c in trt.calls if c[0] == "parser.parse_from_file"]
+    assert [p.split("/")[-1] for p in parses] == ["shallow.onnx", "deep.onnx", "adapter.onnx"]
+    assert all(c[1] == 1 << 1 for c in trt.calls if c[0] == "builder.create_network")  # STRONGLY_TYPED bit
+    # per piece: network -> parse -> config (workspace, level, timing cache) -> 3 profiles -> build
+    for start in [i for i, n in enumerate(names) if n == "builder.create_network"]:
+        seq = names[start:names.index("builder.build_serialized_network", start) + 1]
+        assert seq[:3] == ["builder.create_network", "parser.parse_from_file", "builder.create_builder_config"]
+        assert seq.index("config.set_memory_pool_limit") < seq.index("config.add_optimization_profile")
+        assert seq.count("config.add_optimization_profile") == 3 and seq[-1] == "builder.build_serialized_network"
+    assert ("config.set_memory_pool_limit", "WORKSPACE", 512 << 20) in trt.calls
+    assert ("config.builder_optimization_level", 3) in trt.calls
+    caches = {c[1] for c in trt.calls if c[0] == "config.set_timing_cache"}
+    assert len(caches) == 1  # one timing cache object shared by the three pieces
+    assert names.count("config.create_timing_cache") == 1 and names.count("cache.serialize") == 1
+    shape_inputs = [c for c in trt.calls if c[0] == "profile.set_shape_input"]
+    assert {c[1] for c in shape_inputs} == {"logits_to_keep"}
+    assert ["logits_to_keep", [1], [1], [1]] == list(shape_inputs[1][1:])  # deep's decode profile, by value
+    kv = [c for c in trt.calls if c[0] == "profile.set_shape" and c[1] == "past_key.0"]
+    assert all(c[2] == c[3] == c[4] == [1, 2, 128, 16] for c in kv)
+
+    engines = manifest["tensorrt"]["engines"]
+    assert [e["piece"] for e in engines] == ["shallow", "deep", "adapter"]
+    for e in engines:
+        assert e["tensorrt_version"] == "10.3.0.30" and e["compute_capability"] == "8.7"
+        assert e["built_with"] == "python-api" and (bundle / e["file"]).is_file()
+        assert manifest["files"][e["file"]] == e["sha256"]
+    assert (bundle / "tensorrt" / "timing.cache").read_bytes().startswith(b"timing-cache:")
+    load_bundle(bundle)  # manifest rewritten with every checksum right
+
+    # a second run loads the saved timing cache: reused across runs
+    trt2 = FakeTensorRT()
+    build_engines(bundle, trt=trt2, cudart=FakeCudaRuntime(), log=lambda m: None, pieces=["deep"])
+    loaded = [c for c in trt2.calls if c[0] == "config.create_timing_cache"]
+    assert loaded and loaded[0][1].startswith(b"timing-cache:")
+    assert [e["piece"] for e in json.loads((bundle / "manifest.json").read_text())["tensorrt"]["engines"]] == \
+        ["shallow", "deep", "adapter"]
+
+
+def test_build_refuses_another_gpu_than_planned(bundle):
+    from specexport.runtime.errors import SpecExportError
+
+    with pytest.raises(SpecExportError, match=r"compute capability 8\.9 but the plan is for target orin-nano"):
+        build_engines(bundle, trt=FakeTensorRT(), cudart=FakeCudaRuntime(8, 9), log=lambda m: None)
+
+
+def test_trt_piece_call_order_and_kv_swap(bundle):
+    trt, cuda = FakeTensorRT(), FakeCudaRuntime()
+    build_engines(bundle, trt=trt, cudart=cuda, log=lambda m: None)
+    b = load_bundle(bundle)
+    trt.calls.clear()
+    piece = open_trt_piece(b, "deep", trt=trt, cudart=cuda)
+    names = _names(trt.calls)
+    assert names[0] == "runtime.deserialize_cuda_engine"
+    assert names.count("engine.create_execution_context") == 3  # one context per profile
+    assert [c[1] for c in trt.calls if c[0] == "context.set_optimization_profile_async"] == [0, 1, 2]
+    assert len({c[1] for c in trt.calls if c[0] == "context.set_device_memory"}) == 1  # one shared scratch
+
+    def run(n, start, keep):
+        trt.calls.clear()
+        out = piece.run(np.zeros((1, n, 64), np.float16), start, keep=keep)
+        addresses = {c[2]: c[3] for c in trt.calls if c[0] == "context.set_tensor_address"}
+        profile = next(c[1] for c in trt.calls if c[0] == "context.execute_async_v3")
+        order = _names(trt.calls)
+        assert order.index("context.set_input_shape") < order.index("context.execute_async_v3")
+        assert order[-1] == "context.execute_async_v3"
+        return out, addresses, profile
+
+    _, first, profile = run(20, 0, 1)
+    assert profile == 0  # prefill
+    for i in range(2):
+        for kind in ("key", "value"):
+            assert first[f"past_{kind}.{i}"] != first[f"present_{kind}.{i}"]  # never one buffer for both (4681)
+    assert first["logits_to_keep"] == piece._host_shape_values["logits_to_keep"].ctypes.data  # host memory
+    out, second, profile = run(1, 20, 1)
+    assert profile == 1  # decode
+    assert second["past_key.0"] == first["present_key.0"] and second["present_key.0"] == first["past_key.0"]
+    assert set(out) == {"logits"} and out["logits"].shape == (1, 1, 300)
+    _, third, profile = run(7, 21, 7)
+    assert profile == 2  # verify
+    assert third["past_key.0"] == first["past_key.0"]
+    # only the small outputs come back: one device-to-host copy per call (logits), none for the caches
+    cuda.calls.clear()
+    run(1, 28, 1)
+    d2h = [c for c in cuda.calls if c[0] == "cudaMemcpyAsync" and c[1] == 2]
+    assert len(d2h) == 1 and d2h[0][2] == 300 * 4
+    piece.close()
+
+
+def test_open_refuses_an_engine_from_another_tensorrt(bundle):
+    from specexport.runtime.errors import SpecExportError
+
+    build_engines(bundle, trt=FakeTensorRT(), cudart=FakeCudaRuntime(), log=lambda m: None)
+    newer = FakeTensorRT()
+    newer.__version__ = "10.7.0.23"
+    with pytest.raises(SpecExportError, match="rebuild them on this device with `specexport engines build"):
+        open_trt_piece(load_bundle(bundle), "deep", trt=newer, cudart=FakeCudaRuntime())

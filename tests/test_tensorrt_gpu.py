@@ -1,0 +1,115 @@
+"""The TensorRT path for real: build engines from a tiny fp16 bundle and check them against PyTorch.
+These need TensorRT's Python bindings and an NVIDIA GPU; everywhere else they skip, saying why
+(`pytest -rs` prints the reason). Nothing in this file has been run on a GPU yet."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from specexport.exporter.parity import TOLERANCE, relative_error
+from specexport.exporter.trt_targets import ops_matrix
+from specexport.runtime.errors import SpecExportError
+
+from .test_tensorrt_fp16 import CONTEXT, STEPS, make_tiny_bundle, torch_reference
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    from specexport.runtime.trt_build import require_tensorrt
+
+    try:
+        trt, cudart, device = require_tensorrt()
+    except SpecExportError as exc:
+        pytest.skip(f"needs TensorRT and an NVIDIA GPU: {exc}")
+    return trt, cudart, device
+
+
+def _device_target(tmp_path, trt, device) -> str:
+    """A target for this very device: its compute capability, the newest recorded matrix not newer than
+    its TensorRT."""
+    have = tuple(int(p) for p in trt.__version__.split(".")[:2])
+    known = sorted((tuple(int(p) for p in v.split(".")), v) for v in ops_matrix()["versions"])
+    matrix = next((v for k, v in reversed(known) if k <= have), known[0][1])
+    path = tmp_path / "this-gpu.toml"
+    path.write_text(f'name = "this-gpu"\n[tensorrt]\nversion = "{matrix}"\ncompute_capability ='
+                    f' "{device["compute_capability"]}"\n[build]\nmax_context = {CONTEXT}\nworkspace_mib = 1024\n')
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def built(gpu, tmp_path_factory, tiny_checkpoint):
+    from specexport.exporter.trt_plan import plan_tensorrt
+    from specexport.runtime.trt_build import build_engines, write_manifest
+
+    trt, _, device = gpu
+    root = tmp_path_factory.mktemp("gpu")
+    bundle = make_tiny_bundle(root / "b", tiny_checkpoint)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["tensorrt"] = plan_tensorrt(bundle, manifest["pieces"], _device_target(root, trt, device))
+    manifest["files"].update(manifest["tensorrt"]["files"])
+    write_manifest(bundle, manifest)
+    build_engines(bundle, any_device=True)
+    return bundle
+
+
+def test_gpu_engines_are_recorded(built, gpu):
+    trt, _, device = gpu
+    manifest = json.loads((built / "manifest.json").read_text())
+    engines = manifest["tensorrt"]["engines"]
+    assert [e["piece"] for e in engines] == ["shallow", "deep", "adapter"]
+    for e in engines:
+        assert e["tensorrt_version"] == trt.__version__
+        assert e["compute_capability"] == device["compute_capability"]
+    assert (built / "tensorrt" / "timing.cache").is_file()
+
+
+def test_gpu_pieces_match_pytorch_across_cache_use(built, tiny_checkpoint):
+    from specexport.runtime.session import load
+
+    session = load(built, backend="tensorrt")
+    p = session.pieces
+    ids = np.random.default_rng(7).integers(0, 300, size=40).tolist()
+    ref = torch_reference(tiny_checkpoint, ids)
+    rng = np.random.default_rng(1)
+    worst: dict[str, float] = {}
+    for lo, hi, keep in STEPS:
+        if lo == "garbage":  # a rejected verification: must not leak into later positions
+            h = p.shallow.run(rng.integers(0, 300, size=(1, keep)), hi)["hidden"]
+            p.deep.run(h, hi, keep=keep)
+            continue
+        h = p.shallow.run(np.asarray([ids[lo:hi]]), lo)["hidden"]
+        logits = p.deep.run(h, lo, keep=keep)["logits"]
+        draft = p.adapter.run(h, lo, keep=keep)
+        worst["h"] = max(worst.get("h", 0), relative_error(h[0], ref["h"][lo:hi]))
+        worst["logits"] = max(worst.get("logits", 0), relative_error(logits[0], ref["logits"][hi - keep:hi]))
+        worst["adapter"] = max(worst.get("adapter", 0),
+                               relative_error(draft["logits"][0], ref["adapter_logits"][hi - keep:hi]))
+    assert all(v <= TOLERANCE["fp16"] for v in worst.values()), worst
+
+
+def test_gpu_generate_runs(built):
+    from specexport.runtime.session import load
+
+    session = load(built, backend="tensorrt")
+    tokens = session.generate_ids([1, 5, 9, 12], max_new_tokens=8, chat=False).tokens
+    assert 0 < len(tokens) <= 8
+
+
+def test_gpu_trtexec_script_and_adopt(built, tmp_path):
+    import subprocess
+
+    from specexport.runtime.trt_build import build_engines
+
+    if shutil.which("trtexec") is None:
+        pytest.skip("trtexec is not on PATH (JetPack: /usr/src/tensorrt/bin)")
+    bundle = tmp_path / "b"
+    shutil.copytree(built, bundle)
+    subprocess.run(["sh", str(bundle / "tensorrt" / "build_deep.sh")], check=True)
+    manifest = build_engines(bundle, pieces=["deep"], adopt=True, any_device=True)
+    entry = next(e for e in manifest["tensorrt"]["engines"] if e["piece"] == "deep")
+    assert entry["built_with"] == "trtexec"
