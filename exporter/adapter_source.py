@@ -30,6 +30,13 @@ def train_for_target(model, checkpoint: Path, target_sha: str, exit_layer: int, 
     return out_dir
 
 
+def train_settings(recipe: dict) -> dict:
+    """[adapter.train] plus the head's shape from [adapter] (arch, draft_vocab), which training fixes."""
+    adapter = recipe.get("adapter", {})
+    return {**adapter.get("train", {}), "arch": adapter.get("arch", "attention"),
+            "draft_vocab": int(adapter.get("draft_vocab", 0) or 0)}
+
+
 def resolve_adapter(choice: str | None, model, checkpoint: Path, target_sha: str, recipe: dict, exit_layer: int):
     """(Adapter module, metadata) or (None, None) for choice 'none'."""
     choice = choice or "auto"
@@ -64,8 +71,7 @@ def resolve_adapter(choice: str | None, model, checkpoint: Path, target_sha: str
                               " --adapter none, or train one with `specexport train-adapter`")
     print(f"no adapter for this model at exit layer {exit_layer}: training one by self-distillation"
           " (this takes a while; pass --adapter none to skip)", file=sys.stderr)
-    train_for_target(model, checkpoint, target_sha, exit_layer, {**settings.get("train", {}), "arch": arch},
-                     trained)
+    train_for_target(model, checkpoint, target_sha, exit_layer, train_settings(recipe), trained)
     adapter, meta = load_adapter(trained, model, target_sha)
     return adapter, {**meta, "source": str(trained)}
 

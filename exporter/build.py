@@ -50,13 +50,6 @@ def _reference(model, exit_layer: int, adapter=None, vocab_map: np.ndarray | Non
     return run
 
 
-def draft_vocab(counts: np.ndarray | None, size: int | None) -> np.ndarray | None:
-    """The `size` most frequent token ids (ties by id), or None for the full vocabulary."""
-    if counts is None or not size or size >= len(counts):
-        return None
-    return np.sort(np.argsort(-counts, kind="stable")[:size]).astype(np.int64)
-
-
 def parity_sequences(tokenizer, vocab: int, context: int, seed: int = 0) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     seqs = [rng.integers(0, vocab, size=24).tolist()]
@@ -122,13 +115,16 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
 
         stage("adapter")
         from .adapter_source import resolve_adapter
+        from .train_adapter import pruned_vocab
 
         adapter_module, adapter_meta = resolve_adapter(adapter, torch_model, source.checkpoint,
                                                        source.origin_sha256, cfg, ell)
         vocab_map = None
         if adapter_module is not None:
             adapter_w, adapter_mlp = adapter_module.graph_weights()
-            vocab_map = draft_vocab(adapter_meta.get("token_counts"), cfg.get("adapter", {}).get("draft_vocab"))
+            # an adapter trained on a pruned head keeps that head; the recipe may prune an untrained-for one
+            size = adapter_meta.get("draft_vocab") or cfg.get("adapter", {}).get("draft_vocab")
+            vocab_map = pruned_vocab(adapter_meta.get("token_counts"), size)
             graph = llama_graph.build_adapter(dims, weights.rope, adapter_w, weights.lm_head, flavour, dtype,
                                               mlp=adapter_mlp, vocab_map=vocab_map)
             summary = {k: adapter_meta.get(k) for k in ("source", "arch", "heldout", "raw_exit_agreement")}
@@ -136,7 +132,7 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
             if vocab_map is not None:
                 np.save(writer.tmp / "draft_vocab.npy", vocab_map)
                 extra["draft_vocab"] = {"file": "draft_vocab.npy", "size": len(vocab_map),
-                                        "note": "FR-Spec: the head keeps these token ids, most frequent first;"
+                                        "note": "FR-Spec: the head keeps these token ids (ascending);"
                                                 " logits are in this order, top_token is a real id"}
             writer.add_piece("adapter", graph, flavour, layers=None, exit_layer=ell, training=summary, **extra)
         stages.update()

@@ -45,6 +45,7 @@ class TrainConfig:
     seed: int = 0
     eval_every: int = 100
     threads: int = 0  # 0 = all cores
+    draft_vocab: int = 0  # FR-Spec: train (and later export) the head over the N most frequent tokens; 0 = all
 
 
 @dataclass
@@ -135,23 +136,33 @@ def _batches(feats: Features, idx: list[int], tokens: int, rng: np.random.Genera
         yield batch
 
 
-def soft_ce(adapter: Adapter, lm_head: torch.Tensor, h, hf, target) -> tuple[torch.Tensor, torch.Tensor]:
-    """Loss and per-token top-1 agreement with the target on the selected positions."""
+def soft_ce(adapter: Adapter, lm_head: torch.Tensor, h, hf, target,
+            vocab: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Loss and per-token top-1 agreement with the target on the selected positions.
+
+    With `vocab` (a pruned draft head) both distributions live on those ids: the teacher's is
+    renormalised over them, which is what a head that cannot name other tokens should learn. Agreement
+    always compares with the target's argmax over the full vocabulary, so it is the real draft hit rate."""
     y = adapter.hidden(h)[target]
+    head = lm_head if vocab is None else lm_head[vocab]
     with torch.no_grad():
-        p = F.softmax(hf[target] @ lm_head.T, dim=-1)
-    logits = y @ lm_head.T
+        hf_t = hf[target]
+        p = F.softmax(hf_t @ head.T, dim=-1)
+        best = p.argmax(-1) if vocab is None else (hf_t @ lm_head.T).argmax(-1)
+    logits = y @ head.T
     loss = -(p * F.log_softmax(logits, dim=-1)).sum(-1).mean()
-    agree = (logits.argmax(-1) == p.argmax(-1)).float()
+    guess = logits.argmax(-1) if vocab is None else vocab[logits.argmax(-1)]
+    agree = (guess == best).float()
     return loss, agree
 
 
 @torch.no_grad()
-def evaluate(adapter: Adapter, lm_head, feats: Features, idx: list[int], tokens: int) -> dict:
+def evaluate(adapter: Adapter, lm_head, feats: Features, idx: list[int], tokens: int,
+             vocab: torch.Tensor | None = None) -> dict:
     losses, agrees = [], []
     for batch in _batches(feats, idx, tokens, None):
         h, hf, target = _batch(feats, batch)
-        loss, agree = soft_ce(adapter, lm_head, h, hf, target)
+        loss, agree = soft_ce(adapter, lm_head, h, hf, target, vocab)
         losses.append(float(loss) * len(agree))
         agrees.append(agree)
     agree = torch.cat(agrees)
@@ -187,6 +198,14 @@ def train(model, sequences: list[tuple[np.ndarray, int]], cfg: TrainConfig, out_
     n_hold = max(1, int(len(sequences) * cfg.holdout))
     held, train_idx = sorted(perm[:n_hold].tolist()), perm[n_hold:].tolist()
 
+    # FR-Spec: how often the target emits each token (training responses only), for a pruned draft head
+    counts = np.zeros(dims.vocab, dtype=np.int64)
+    for j in train_idx:
+        tokens, plen = sequences[j]
+        counts += np.bincount(np.asarray(tokens[plen:]), minlength=dims.vocab)[: dims.vocab]
+    vocab_ids = pruned_vocab(counts, cfg.draft_vocab)
+    vocab = None if vocab_ids is None else torch.from_numpy(vocab_ids)
+
     torch.manual_seed(cfg.seed)
     rotary = model.model.rotary_emb
     adapter = Adapter(AdapterConfig.for_target(dims, cfg.exit_layer, cfg.arch), rotary.inv_freq.numpy(),
@@ -209,7 +228,7 @@ def train(model, sequences: list[tuple[np.ndarray, int]], cfg: TrainConfig, out_
             return cfg.lr * (s + 1) / cfg.warmup
         return cfg.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (s - cfg.warmup) / max(1, cfg.steps - cfg.warmup))))
 
-    before = evaluate(adapter, lm_head, feats, held, cfg.tokens_per_batch) if step == 0 else history[0]["eval"]
+    before = evaluate(adapter, lm_head, feats, held, cfg.tokens_per_batch, vocab) if step == 0 else history[0]["eval"]
     if step == 0:
         history.append({"step": 0, "eval": before})
     bar = tqdm(total=cfg.steps, initial=step, desc="train adapter", unit="step", file=sys.stderr, disable=None)
@@ -221,7 +240,7 @@ def train(model, sequences: list[tuple[np.ndarray, int]], cfg: TrainConfig, out_
             for group in opt.param_groups:
                 group["lr"] = lr_at(step)
             h, hf, target = _batch(feats, batch)
-            loss, agree = soft_ce(adapter, lm_head, h, hf, target)
+            loss, agree = soft_ce(adapter, lm_head, h, hf, target, vocab)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(adapter.parameters(), 1.0)
@@ -230,7 +249,7 @@ def train(model, sequences: list[tuple[np.ndarray, int]], cfg: TrainConfig, out_
             bar.update()
             bar.set_postfix(loss=f"{loss.item():.3f}", top1=f"{float(agree.mean()):.1%}")
             if step % cfg.eval_every == 0 or step == cfg.steps:
-                ev = evaluate(adapter, lm_head, feats, held, cfg.tokens_per_batch)
+                ev = evaluate(adapter, lm_head, feats, held, cfg.tokens_per_batch, vocab)
                 history.append({"step": step, "eval": ev})
                 bar.write(f"step {step}: held-out loss {ev['loss']:.3f}, top-1 agreement {ev['agreement']:.1%}",
                           file=sys.stderr)
@@ -238,7 +257,7 @@ def train(model, sequences: list[tuple[np.ndarray, int]], cfg: TrainConfig, out_
                             "optimizer": opt.state_dict(), "step": step, "history": history,
                             "rng_seed": int(rng.integers(1 << 31))}, state_path)
     bar.close()
-    final = evaluate(adapter, lm_head, feats, held, cfg.tokens_per_batch)
+    final = evaluate(adapter, lm_head, feats, held, cfg.tokens_per_batch, vocab)
     meta = {
         "target_sha256": target_sha, "exit_layer": cfg.exit_layer, "arch": cfg.arch, "config": asdict(cfg),
         "train_sequences": len(train_idx), "heldout_sequences": len(held),
@@ -246,15 +265,19 @@ def train(model, sequences: list[tuple[np.ndarray, int]], cfg: TrainConfig, out_
         "heldout_before": before, "heldout": final,
         "raw_exit_agreement": raw_exit_agreement(model, lm_head, feats, held, cfg.tokens_per_batch),
         "history": history, "train_seconds": round(time.time() - t0, 1), "command": command,
+        "draft_vocab": cfg.draft_vocab or None,
     }
     save_adapter(adapter, out_dir, meta)
-    # FR-Spec: how often the target emits each token, for a vocabulary-pruned draft head at export
-    counts = np.zeros(dims.vocab, dtype=np.int64)
-    for j in train_idx:
-        tokens, plen = sequences[j]
-        counts += np.bincount(np.asarray(tokens[plen:]), minlength=dims.vocab)[: dims.vocab]
     np.save(out_dir / COUNTS_FILE, counts)
     return meta
+
+
+def pruned_vocab(counts: np.ndarray | None, size: int | None) -> np.ndarray | None:
+    """The `size` most frequent token ids (ties by id) in id order, or None for the full vocabulary.
+    Training and export both call this on the same counts, so they agree on the head's rows."""
+    if counts is None or not size or size >= len(counts):
+        return None
+    return np.sort(np.argsort(-counts, kind="stable")[:size]).astype(np.int64)
 
 
 def save_adapter(adapter: Adapter, out_dir: Path, meta: dict) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import model_source
-from .adapter_source import train_for_target
+from .adapter_source import train_for_target, train_settings
 from .recipe import load_recipe
 
 
@@ -21,7 +21,7 @@ def train_adapter_command(out: Path, recipe: str | None = None, model: str | Non
         source = model_source.resolve(model_source.default_model_file(src["package"], src["version"], src["file"]))
     else:
         source = model_source.resolve(model)
-    settings = {**cfg.get("adapter", {}).get("train", {}), "arch": cfg.get("adapter", {}).get("arch", "attention")}
+    settings = train_settings(cfg)
     settings.update({k: v for k, v in overrides.items() if v is not None and k != "exit_layer"})
     exit_layer = overrides.get("exit_layer") or int(cfg["export"].get("exit_layer", 2))
     torch_model, _ = model_source.load_model(source.checkpoint)

@@ -99,8 +99,11 @@ def _command() -> str:
 @click.option("--lr", type=float, default=None, help="Peak learning rate (AdamW, cosine decay).")
 @click.option("--prompt-limit", type=int, default=None, help="Use only the first N training prompts.")
 @click.option("--max-new-tokens", type=int, default=None, help="Length of the target's distilled responses.")
+@click.option("--draft-vocab", type=int, default=None, help="FR-Spec: the draft head keeps only the N most frequent"
+              " tokens of the distilled responses (0 = the full vocabulary). Default: the recipe's.")
 @click.option("--seed", type=int, default=None, help="Seed for data order and initialisation.")
-def train_adapter_cmd(out, recipe, model, exit_layer, arch, steps, lr, prompt_limit, max_new_tokens, seed) -> None:
+def train_adapter_cmd(out, recipe, model, exit_layer, arch, steps, lr, prompt_limit, max_new_tokens, draft_vocab,
+                      seed) -> None:
     """Train a Kangaroo adapter by self-distillation: the target answers the shipped training prompts
     (recipes/data/train_prompts.jsonl; never Spec-Bench), then the adapter learns the target's
     next-token distribution from h_l. Resumable; held-out agreement is printed and saved."""
@@ -110,7 +113,8 @@ def train_adapter_cmd(out, recipe, model, exit_layer, arch, steps, lr, prompt_li
         raise SpecExportError(f"training needs the exporter extra ({exc.name} is missing); install it with"
                               " `pip install 'specexport[export]'`") from None
     meta = train_adapter_command(out, recipe=recipe, model=model, exit_layer=exit_layer, arch=arch, steps=steps,
-                                 lr=lr, prompt_limit=prompt_limit, max_new_tokens=max_new_tokens, seed=seed,
+                                 lr=lr, prompt_limit=prompt_limit, max_new_tokens=max_new_tokens,
+                                 draft_vocab=draft_vocab, seed=seed,
                                  command=_command())
     click.echo(f"wrote {out}: held-out top-1 agreement {meta['heldout']['agreement']:.1%} (before training"
                f" {meta['heldout_before']['agreement']:.1%}, raw early exit {meta['raw_exit_agreement']:.1%})",

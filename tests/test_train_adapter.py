@@ -72,3 +72,24 @@ def test_pruned_draft_vocabulary_is_lossless(trained, tiny_checkpoint, tmp_path)
         assert spec_out.tokens == ar
     sampled = session.generate("hash table", max_new_tokens=16, mode="self", temperature=0.7, seed=1)
     assert len(sampled.tokens) > 0 and len(vocab) == 64
+
+
+def test_training_on_a_pruned_head_exports_that_head(trained, tiny_checkpoint, tmp_path):
+    """An adapter trained over the 64 most frequent tokens keeps exactly those rows at export, with no
+    recipe setting, and still decodes losslessly (verification keeps the full vocabulary)."""
+    import numpy as np
+
+    from specexport.exporter.train_adapter import pruned_vocab
+
+    model, _, _ = trained
+    settings = {**SETTINGS, "steps": 20, "draft_vocab": 64}
+    train_for_target(model, tiny_checkpoint, resolve(tiny_checkpoint).origin_sha256, 2, settings, tmp_path / "a")
+    meta = json.loads((tmp_path / "a" / "adapter.json").read_text())
+    assert meta["draft_vocab"] == 64 and 0 < meta["heldout"]["agreement"] <= 1
+    manifest = build_bundle(tmp_path / "b", model=str(tiny_checkpoint), context=128, adapter=str(tmp_path / "a"))
+    assert manifest["pieces"]["adapter"]["draft_vocab"]["size"] == 64
+    expected = pruned_vocab(np.load(tmp_path / "a" / "token_counts.npy"), 64)
+    assert np.array_equal(np.load(tmp_path / "b" / "draft_vocab.npy"), expected)
+    session = load(tmp_path / "b")
+    assert session.generate("hash table", max_new_tokens=24, mode="self").tokens == \
+        session.generate("hash table", max_new_tokens=24, mode="ar").tokens
