@@ -18,14 +18,18 @@ from .hf_weights import extract
 from .onnx_builder import OPSET
 from .recipe import load_recipe, with_overrides
 
-PRECISIONS = {"fp32": np.float32}
+PRECISIONS = {"fp32": np.float32, "fp16": np.float16}
+BACKENDS = ("onnxruntime", "tensorrt")
+OPSET_NOTES = {OPSET: "opset 17: parsed by TensorRT 10.3 (JetPack 6) and later",
+               24: "opset 24: TensorScatter cache writes, which TensorRT 10.15 and later update in place"}
 
 
 def versions() -> dict:
     import importlib.metadata as md
 
     out = {"python": platform.python_version()}
-    for dist in ("specexport", "torch", "transformers", "onnx", "onnxruntime", "tokenizers", "gguf"):
+    for dist in ("specexport", "torch", "transformers", "onnx", "onnxruntime", "tokenizers", "gguf", "tensorrt",
+                 "cuda-python"):
         try:
             out[dist] = md.version(dist)
         except md.PackageNotFoundError:
@@ -62,20 +66,79 @@ def parity_sequences(tokenizer, vocab: int, context: int, seed: int = 0) -> list
     return [s[:context] for s in seqs]
 
 
+def tensorrt_target(backend: str | None, target: str | None, plan_only: bool) -> dict | None:
+    """The validated TensorRT target of a build (None for ONNX Runtime). Everything that can stop a TensorRT
+    build before the long export runs here, so a refused build leaves nothing behind."""
+    backend = backend or ("tensorrt" if target else "onnxruntime")
+    if backend not in BACKENDS:
+        raise SpecExportError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    if backend == "onnxruntime":
+        if target or plan_only:
+            raise SpecExportError("--target and --plan-only are TensorRT options; add --backend tensorrt")
+        return None
+    from .trt_targets import available_targets, load_target
+
+    if not target:
+        raise SpecExportError(f"--backend tensorrt needs --target, the device to build for; use one of"
+                              f" {', '.join(available_targets())} or a target .toml file")
+    spec = load_target(target)
+    if not plan_only:
+        from ..runtime.trt_backend import cuda_runtime, device_info
+        from ..runtime.trt_build import tensorrt_blocker
+
+        blocker = tensorrt_blocker()
+        if blocker:
+            raise SpecExportError(f"building TensorRT engines needs TensorRT and an NVIDIA GPU, but {blocker};"
+                                  " add --plan-only to write the fp16 ONNX pieces, the build plan and a"
+                                  " trtexec script per piece here, and build the engines on the device")
+        device = device_info(cuda_runtime())
+        if device["compute_capability"] != spec["tensorrt"]["compute_capability"]:
+            raise SpecExportError(f"this GPU ({device['name']}) has compute capability {device['compute_capability']}"
+                                  f" but target {spec['name']} is {spec['tensorrt']['compute_capability']}; pick the"
+                                  " target of this GPU, or add --plan-only and build the engines on the target device")
+    return spec
+
+
+def _tensorrt_context(requested: int | None, recipe_context: int, target: dict) -> int:
+    cap = int(target["build"]["max_context"])
+    if requested is not None and requested > cap:
+        raise SpecExportError(f"--context {requested} is more than target {target['name']} plans for ({cap} tokens);"
+                              f" pass --context {cap} or less")
+    return requested if requested is not None else min(recipe_context, cap)
+
+
 def build_bundle(out: Path, recipe: str | None = None, model: str | None = None, exit_layer: int | None = None,
                  context: int | None = None, flavour: str | None = None, force: bool = False,
-                 adapter: str | None = None, command: str = "") -> dict:
+                 adapter: str | None = None, command: str = "", backend: str | None = None,
+                 target: str | None = None, plan_only: bool = False) -> dict:
     """Build a bundle at `out`. `adapter`: 'auto' (shipped, cached or freshly trained), 'none',
-    'untrained' (tests only) or a trained adapter directory."""
+    'untrained' (tests only) or a trained adapter directory. With `backend='tensorrt'` and a `target`
+    (name, alias or .toml): fp16 standard-flavour pieces checked against the target's TensorRT, its build
+    plan and trtexec scripts, and (unless `plan_only`) the engines, built here through TensorRT."""
+    trt_target = tensorrt_target(backend, target, plan_only)
+    if trt_target is not None:
+        context = _tensorrt_context(context, int(load_recipe(recipe)["export"].get("context", 2048)), trt_target)
+        flavour = flavour or "standard"
     cfg = with_overrides(load_recipe(recipe), exit_layer=exit_layer, context=context, flavour=flavour)
     exp = cfg["export"]
+    if trt_target is not None:
+        exp["precision"] = trt_target["build"]["precision"]  # strongly typed: the precision is the ONNX file's
     flavour, precision = exp.get("flavour", "ort"), exp.get("precision", "fp32")
     if flavour not in llama_graph.FLAVOURS:
         raise SpecExportError(f"unknown graph flavour {flavour!r}; use one of {', '.join(llama_graph.FLAVOURS)}")
     if precision not in PRECISIONS:
         raise SpecExportError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
     context = int(exp.get("context", 2048))
+    opset = OPSET if trt_target is None else trt_target["tensorrt"]["opset"]
     stages = tqdm(total=6, desc="build", unit="stage", file=sys.stderr, disable=None)
+
+    def for_target(graph):
+        # targets whose TensorRT updates caches in place get TensorScatter writes (exporter/trt_graph.py)
+        if trt_target is None or trt_target["build"]["kv_update"] != "inplace":
+            return graph
+        from .trt_graph import inplace_kv
+
+        return inplace_kv(graph, context)
 
     def stage(name: str) -> None:
         stages.set_postfix_str(name)
@@ -103,13 +166,13 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
 
         stage("exporting shallow")
         shallow = llama_graph.build_shallow(dims, weights.rope, weights.embed, weights.layers[:ell], flavour, dtype)
-        writer.add_piece("shallow", shallow, flavour, layers=[0, ell])
+        writer.add_piece("shallow", for_target(shallow), flavour, layers=[0, ell])
         del shallow
         stages.update()
         stage("exporting deep")
         deep = llama_graph.build_deep(dims, weights.rope, weights.layers[ell:], weights.final_norm,
                                       weights.lm_head, flavour, dtype)
-        writer.add_piece("deep", deep, flavour, layers=[ell, dims.layers])
+        writer.add_piece("deep", for_target(deep), flavour, layers=[ell, dims.layers])
         del deep
         stages.update()
 
@@ -134,21 +197,43 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
                 extra["draft_vocab"] = {"file": "draft_vocab.npy", "size": len(vocab_map),
                                         "note": "FR-Spec: the head keeps these token ids (ascending);"
                                                 " logits are in this order, top_token is a real id"}
-            writer.add_piece("adapter", graph, flavour, layers=None, exit_layer=ell, training=summary, **extra)
+            writer.add_piece("adapter", for_target(graph), flavour, layers=None, exit_layer=ell, training=summary,
+                             **extra)
         stages.update()
 
+        if trt_target is not None:  # before the parity check: a target TensorRT cannot parse fails fast
+            from .trt_opcheck import require_supported
+
+            require_supported(writer.tmp, writer.pieces, trt_target)
         stage("checking parity")
+
+        def hidden(r: dict) -> np.ndarray:  # fp16 pieces take their hidden states in fp16
+            return r["h_exit"].astype(dtype, copy=False)
+
         checks = [
             parity.PieceCheck("shallow", lambda r: r["input_ids"], {"hidden": "h_exit"}),
-            parity.PieceCheck("deep", lambda r: r["h_exit"], {"logits": "logits"}),
+            parity.PieceCheck("deep", hidden, {"logits": "logits"}),
         ]
         if adapter_module is not None:
-            checks.append(parity.PieceCheck("adapter", lambda r: r["h_exit"], {"logits": "adapter_logits"}))
+            checks.append(parity.PieceCheck("adapter", hidden, {"logits": "adapter_logits"}))
         report = parity.run_checks(writer.tmp, writer.pieces, checks, parity_sequences(tokenizer, dims.vocab, context),
                                    _reference(torch_model, ell, adapter_module, vocab_map), precision, context)
         for name, result in report.items():
             writer.pieces[name]["parity"] = result
         stages.update()
+
+        trt_section = {"engines": []}
+        if trt_target is not None:
+            from .trt_plan import plan_tensorrt
+
+            stage("planning TensorRT engines")
+            trt_section = plan_tensorrt(writer.tmp, writer.pieces, trt_target, context=context)
+            if not plan_only:
+                from ..runtime.trt_build import build_engines
+
+                stage("building TensorRT engines")
+                trt_section = build_engines(writer.tmp, {"tensorrt": trt_section, "files": {}}, write=False,
+                                            log=lambda m: tqdm.write(m, file=sys.stderr))["tensorrt"]
 
         stage("writing bundle")
         tokenizer.save_pretrained(writer.tmp / "tokenizer")
@@ -163,13 +248,12 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
             "name": cfg.get("name", Path(out).name),
             "model": {"architecture": torch_model.config.model_type, "dims": dims.as_dict(), "exit_layer": ell,
                       "bos_token_id": tokenizer.bos_token_id, "eos_token_ids": eos_ids},
-            "graph": {"flavour": flavour, "opset": OPSET, "precision": precision,
-                      "opset_note": "opset 17: parsed by TensorRT 10.3 (JetPack 6) and later"},
+            "graph": {"flavour": flavour, "opset": opset, "precision": precision, "opset_note": OPSET_NOTES[opset]},
             "tokenizer": {"file": tok_file, "eos_token_ids": eos_ids, "chat": render_chat(tokenizer),
                           "chat_template": getattr(tokenizer, "chat_template", None)},
             "generation": cfg["generation"],
             "speculative": cfg["speculative"],
-            "tensorrt": {"engines": []},
+            "tensorrt": trt_section,
             "provenance": {
                 "source": str(source.origin), "source_sha256": source.origin_sha256,
                 "source_description": source.description, "checkpoint": str(source.checkpoint),
@@ -180,4 +264,8 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
         manifest = writer.commit(manifest)
         stages.update()
         stages.close()
+    if trt_target is not None:  # the commit checksums top-level files only: add the tensorrt/ folder's
+        from .trt_plan import record_files
+
+        manifest = record_files(Path(out), manifest)
     return manifest

@@ -12,6 +12,10 @@ every profile. ``logits_to_keep`` feeds a Slice's start, which makes it a *shape
 its profile gives values, not dimensions, and the most logits rows any call may ask for is
 ``verify_max`` (a prefill needs one row; a 2,048-row fp32 logits buffer would cost 400 MB).
 
+Each piece's KV binding follows its graph: ``swap`` (ScatterElements, two buffers per cache, never one
+buffer bound as both input and output: TensorRT issue 4681) or ``inplace`` (TensorScatter, which TensorRT
+10.15+ imports as an in-place KV-cache update: one buffer, bound as both).
+
 The engine build itself runs on the device (``specexport engines build`` or the scripts): TensorRT
 engines are tied to the TensorRT version and the GPU they were built with.
 """
@@ -27,6 +31,7 @@ from pathlib import Path
 import onnx
 
 from ..runtime.errors import SpecExportError
+from .trt_graph import is_inplace
 from .trt_opcheck import require_supported
 from .trt_targets import load_target
 
@@ -164,6 +169,18 @@ def _piece_precision(spec: dict) -> str | None:
     return "fp16" if floats == {"float16"} else "fp32" if "float32" in floats else None
 
 
+def kv_binding(name: str, model: onnx.ModelProto, spec: dict, context: int) -> str:
+    """How TensorRT must bind this piece's caches, read from its graph: 'inplace' (TensorScatter: one buffer,
+    static cache length) or 'swap' (ScatterElements: two buffers)."""
+    if not is_inplace(model):
+        return "swap"
+    for t in spec["inputs"]:
+        if t["name"].startswith("past_") and t["shape"][2] != context:
+            raise SpecExportError(f"piece {name!r} updates a {t['shape'][2]}-position cache in place but the plan is"
+                                  f" for {context} positions; rebuild the bundle with --context {context}")
+    return "inplace"
+
+
 def _bundle_context(bundle_dir: Path) -> int | None:
     path = Path(bundle_dir) / "manifest.json"
     if path.is_file():
@@ -193,19 +210,25 @@ def plan_tensorrt(bundle_dir: Path, pieces: dict, target: str | dict, context: i
                                   " file); rebuild the bundle with --backend tensorrt")
         if spec.get("kv", {}).get("count") and spec["kv"].get("mode") != "swap":
             raise SpecExportError(f"piece {name!r} binds its KV cache in {spec['kv'].get('mode')!r} mode; TensorRT"
-                                  " needs the standard flavour's two-buffer swap (TensorRT issue 4681)")
+                                  " needs the standard flavour's cache outputs (TensorRT issue 4681); rebuild the"
+                                  " bundle with --backend tensorrt")
 
     builder = {"strongly_typed": True, "precision": build["precision"], "workspace_mib": build["workspace_mib"],
                "builder_optimization_level": build["builder_optimization_level"],
                "hardware_compatibility": build["hardware_compatibility"],
                "version_compatible": build["version_compatible"], "timing_cache": TIMING_CACHE}
-    plan, files = {}, {}
+    plan, files, notes = {}, {}, []
     for name, spec in pieces.items():
         model = onnx.load(str(bundle_dir / spec["file"]), load_external_data=False)
+        kv_mode = kv_binding(name, model, spec, context)
+        if kv_mode == "swap" and spec.get("kv", {}).get("count") and build["kv_update"] == "inplace":
+            notes.append(f"piece {name!r} writes its caches out of place (two-buffer swap); export it for this"
+                         f" target (`specexport build --backend tensorrt --target {target['name']}`) to have"
+                         " TensorRT update them in place")
         piece = {"onnx": spec["file"], "engine": f"{TRT_DIR}/{name}.engine",
                  "script": f"{TRT_DIR}/build_{name}.sh",
                  "shape_tensors": shape_tensor_inputs(model),
-                 "kv": {"mode": "swap", "count": spec.get("kv", {}).get("count", 0), "cache_len": context}}
+                 "kv": {"mode": kv_mode, "count": spec.get("kv", {}).get("count", 0), "cache_len": context}}
         piece["profiles"] = piece_profiles(name, spec, piece["shape_tensors"], build, context)
         piece["trtexec"] = shlex.join(["trtexec", *trtexec_args(piece, builder)])
         files[piece["script"]] = _write(bundle_dir / piece["script"], script_text(name, piece, builder, target),
@@ -224,7 +247,21 @@ def plan_tensorrt(bundle_dir: Path, pieces: dict, target: str | dict, context: i
         "builder": builder,
         "context": context,
         "opcheck": report.summary(),
+        "notes": notes,
         "plan": plan,
         "files": files,
         "engines": [],
     }
+
+
+def record_files(root: Path, manifest: dict) -> dict:
+    """Add the checksums of the ``tensorrt/`` folder (scripts, engines) to a committed bundle's manifest and
+    rewrite it in one rename; the bundle writer checksums only the top-level files."""
+    from ..runtime.trt_build import write_manifest
+
+    section = manifest.get("tensorrt") or {}
+    files = manifest.setdefault("files", {})
+    files.update(section.get("files", {}))
+    files.update({e["file"]: e["sha256"] for e in section.get("engines", [])})
+    write_manifest(Path(root), manifest)
+    return manifest

@@ -20,9 +20,13 @@ from ..runtime.errors import SpecExportError
 OPS_FILE = "trt_ops.json"
 PRECISIONS = ("fp16",)  # strongly typed builds take the precision from the ONNX file
 HARDWARE_COMPAT = ("none", "ampere+")
+# how the engines write their KV caches: "inplace" (TensorScatter, which TensorRT turns into an in-place
+# KV-cache update) where the target's TensorRT parses it, else "swap" (two buffers, TensorRT issue 4681)
+KV_UPDATES = ("auto", "inplace", "swap")
+EXPORT_OPSET = {"swap": 17, "inplace": 24}  # the graph builder's opset; TensorScatter needs opset 24
 BUILD_DEFAULTS = {"precision": "fp16", "max_batch": 1, "builder_optimization_level": 3,
                   "hardware_compatibility": "none", "version_compatible": False, "verify_opt": 7,
-                  "verify_max": 16}
+                  "verify_max": 16, "kv_update": "auto"}
 
 
 def recipes_dir() -> Path:
@@ -83,6 +87,24 @@ def matrix_version(trt_version: str) -> str:
                           f" (it records {', '.join(versions)}); add one from onnx-tensorrt's docs/operators.md")
 
 
+def inplace_kv_since() -> str:
+    """The first TensorRT whose ONNX parser takes TensorScatter (recorded in the operator matrix)."""
+    return ops_matrix()["operators"]["TensorScatter"]["since"]
+
+
+def _kv_update(requested: str, matrix: str, where: str) -> str:
+    if requested not in KV_UPDATES:
+        raise SpecExportError(f"{where} has kv_update {requested!r}; use one of {', '.join(KV_UPDATES)}")
+    allowed = _version_key(matrix) >= _version_key(inplace_kv_since())
+    if requested == "inplace" and not allowed:
+        raise SpecExportError(f"{where} asks for in-place KV updates, which need TensorScatter (TensorRT"
+                              f" {inplace_kv_since()} and later) but the target runs TensorRT {matrix}; use"
+                              ' kv_update = "swap"')
+    if requested == "auto":
+        return "inplace" if allowed else "swap"
+    return requested
+
+
 def _validate(data: dict, path: Path) -> dict:
     where = f"target file {path}"
     trt = data.get("tensorrt", {})
@@ -111,12 +133,23 @@ def _validate(data: dict, path: Path) -> dict:
     if not (major.isdigit() and minor.isdigit()):
         raise SpecExportError(f"{where}: compute_capability must look like '8.7', not {cc!r}")
     version = str(trt["version"])
+    matrix = matrix_version(version)
+    build["kv_update"] = _kv_update(build["kv_update"], matrix, where)
+    opset = EXPORT_OPSET[build["kv_update"]]
+    if int(trt.get("opset", opset)) != opset:
+        raise SpecExportError(f"{where}: [tensorrt] opset is {trt['opset']}, but {build['kv_update']} KV updates"
+                              f" are exported at opset {opset}; set opset = {opset} or leave it out")
+    parses = ops_matrix()["versions"][matrix]
+    if not parses["opset_min"] <= opset <= parses["opset_max"]:
+        raise SpecExportError(f"{where}: TensorRT {matrix} parses opsets {parses['opset_min']}-{parses['opset_max']},"
+                              f" not the opset {opset} this target exports; fix the target's kv_update or version")
     return {
         "name": data.get("name", path.stem), "description": data.get("description", ""),
         "aliases": list(data.get("aliases", [])), "device": data.get("device", "dgpu"),
         "path": str(path), "software": dict(data.get("software", {})),
-        "tensorrt": {"version": version, "matrix": matrix_version(version), "compute_capability": cc,
-                     "sm": f"sm_{major}{minor}", "opset": int(trt.get("opset", 17))},
+        "tensorrt": {"version": version, "matrix": matrix, "compute_capability": cc,
+                     "sm": f"sm_{major}{minor}", "opset": opset,
+                     "parses_opsets": [parses["opset_min"], parses["opset_max"]]},
         "build": build, "memory": dict(data.get("memory", {})),
     }
 
@@ -141,4 +174,5 @@ def describe(target: dict) -> str:
     t, b = target["tensorrt"], target["build"]
     return (f"{target['name']}: TensorRT {t['version']}, compute capability {t['compute_capability']}"
             f" ({t['sm']}), {b['precision']}, context {b['max_context']}, batch {b['max_batch']},"
-            f" workspace {b['workspace_mib']} MiB")
+            f" workspace {b['workspace_mib']} MiB, opset {t['opset']} (parses {t['parses_opsets'][0]}-"
+            f"{t['parses_opsets'][1]}), {b['kv_update']} KV updates")

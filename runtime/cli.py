@@ -67,8 +67,18 @@ def main() -> None:
               " layer, else trains one by self-distillation; 'none' builds without; or a directory written by"
               " `specexport train-adapter`.")
 @click.option("--force", is_flag=True, help="Replace an existing bundle at --out.")
+@click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]), default=None,
+              help="tensorrt: fp16 standard-flavour pieces, checked against --target's TensorRT, with a build plan,"
+              " a trtexec script per piece and (on a machine with TensorRT and the target's GPU) the engines."
+              " Default: onnxruntime, or tensorrt when --target is given.")
+@click.option("--target", default=None, help="TensorRT target: orin-nano (alias jetpack6), agx-orin, thor (alias"
+              " jetpack7), rtx-4090, or a target .toml file (see recipes/targets).")
+@click.option("--plan-only", is_flag=True, help="With --backend tensorrt: write the pieces, the plan and the trtexec"
+              " scripts but build no engines (no TensorRT or GPU needed); build them on the device with"
+              " `specexport engines build`.")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON on stdout.")
-def build(out, recipe, model, exit_layer, context, flavour, adapter, force, as_json) -> None:
+def build(out, recipe, model, exit_layer, context, flavour, adapter, force, backend, target, plan_only,
+          as_json) -> None:
     """Build a bundle: load the model, cut and export its pieces, check them against PyTorch."""
     try:
         from ..exporter.build import build_bundle
@@ -76,12 +86,19 @@ def build(out, recipe, model, exit_layer, context, flavour, adapter, force, as_j
         raise SpecExportError(f"building needs the exporter extra ({exc.name} is missing); install it with"
                               " `pip install 'specexport[export]'`") from None
     manifest = build_bundle(out, recipe=recipe, model=model, exit_layer=exit_layer, context=context,
-                            flavour=flavour, force=force, adapter=adapter, command=_command())
+                            flavour=flavour, force=force, adapter=adapter, command=_command(), backend=backend,
+                            target=target, plan_only=plan_only)
     if as_json:
         click.echo(json.dumps(manifest, indent=2))
     else:
         pieces = ", ".join(manifest["pieces"])
         click.echo(f"wrote {out} ({pieces}; exit layer {manifest['model']['exit_layer']})", err=True)
+        trt = manifest.get("tensorrt") or {}
+        if trt.get("plan"):
+            built = len(trt["engines"])
+            click.echo(f"TensorRT plan for {trt['target']['name']}: {built} engine(s) built" if built else
+                       f"TensorRT plan for {trt['target']['name']}: build the engines on the device with"
+                       f" `specexport engines build {out}` or sh {out}/tensorrt/build_all.sh", err=True)
 
 
 def _command() -> str:

@@ -3,11 +3,17 @@ as ONNX Runtime.
 
 Per piece: the engine is deserialized once; one execution context per optimization profile (prefill,
 decode, verify), sharing one scratch allocation since they run one after another on the one CUDA stream
-all pieces share; KV caches allocated on the device once, at the full context. Standard-flavour graphs
-return the whole updated cache as ``present_*``, and TensorRT must never see one buffer bound as both an
-input and an output (TensorRT issue 4681), so each cache has two device buffers whose roles swap after
-every call; rolling back after a rejected draft is still free (attention masks positions past the
-query). Only the small outputs (hidden states, logits rows, draft token and probability) are copied back.
+all pieces share; KV caches allocated on the device once, at the full context. How a cache is bound
+follows the piece's graph (the plan's ``kv.mode``):
+
+* ``inplace`` (TensorScatter, TensorRT 10.15+): TensorRT's KV-cache update layer writes the new entries
+  into the cache it reads, so the one buffer is bound as both ``past_*`` and ``present_*``;
+* ``swap`` (ScatterElements, every TensorRT): the graph returns the whole updated cache, and binding one
+  buffer as both input and output computes wrong results (TensorRT issue 4681), so each cache has two
+  device buffers whose roles swap after every call.
+
+Rolling back after a rejected draft is free either way (attention masks positions past the query). Only
+the small outputs (hidden states, logits rows, draft token and probability) are copied back.
 
 Nothing here imports TensorRT or CUDA until a piece is opened; `check_engine_compat`, `select_profile`
 and `kv_binding_mode` are pure functions.
@@ -15,7 +21,6 @@ and `kv_binding_mode` are pure functions.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -69,18 +74,23 @@ def check_engine_compat(engine_meta: dict, trt_version: str, compute_capability:
 
 
 def kv_binding_mode(kv_mode: str, trt_version: str) -> str:
-    """How a piece's KV caches are bound under TensorRT: 'swap' (two buffers, roles exchanged after each
-    call) for graphs that return the whole cache. ONNX Runtime's shared-buffer mode binds one buffer as
-    input and output, which TensorRT computes wrong (issue 4681), so it is refused."""
+    """How a piece's KV caches are bound under TensorRT ``trt_version``: 'inplace' (one buffer bound as input
+    and output; only for TensorScatter graphs, which TensorRT 10.15+ updates in place) or 'swap' (two
+    buffers, roles exchanged after each call). ONNX Runtime's shared-buffer mode is refused: TensorRT
+    computes a buffer bound as both input and output of an ordinary graph wrong (issue 4681)."""
     if kv_mode == "swap":
         return "swap"
+    if kv_mode == "inplace":
+        if _version(trt_version)[:2] < INPLACE_KV_FROM:
+            raise SpecExportError(f"this piece updates its KV cache in place with TensorScatter, which TensorRT"
+                                  f" {trt_version} cannot run (it arrives in 10.15); rebuild the bundle for this"
+                                  " device's target with `specexport build --backend tensorrt --target NAME`")
+        return "inplace"
     if kv_mode == "shared":
-        hint = ("TensorRT from 10.15 can update a cache in place (TensorScatter), but specexport does not export"
-                " that form yet" if _version(trt_version)[:2] >= INPLACE_KV_FROM else
-                f"TensorRT {trt_version} has no in-place cache update (TensorScatter arrives in 10.15)")
-        raise SpecExportError(f"this piece binds one KV buffer as both input and output (the 'ort' flavour);"
-                              f" TensorRT computes that wrong (issue 4681) and {hint}; rebuild the bundle with"
-                              " --backend tensorrt (standard flavour, two-buffer swap)")
+        raise SpecExportError("this piece binds one KV buffer as both input and output of ONNX Runtime's"
+                              " GroupQueryAttention (the 'ort' flavour), which TensorRT cannot parse and would"
+                              " compute wrong (issue 4681); rebuild the bundle with `specexport build --backend"
+                              " tensorrt --target NAME`")
     raise SpecExportError(f"unknown KV cache mode {kv_mode!r} in the manifest; rebuild the bundle")
 
 
@@ -114,21 +124,22 @@ def engine_entry(manifest: dict, piece: str) -> dict | None:
 
 # -- TensorRT and CUDA, imported lazily ------------------------------------------------------------
 
-def import_tensorrt():
+def import_tensorrt(hint: str = "") -> object:
+    """The `tensorrt` module, or one sentence saying it is missing (``hint``: what to do instead, appended)."""
     try:
         import tensorrt as trt
     except ImportError as exc:
         raise SpecExportError(
-            f"TensorRT's Python bindings are not importable ({exc}); on Jetson they come with JetPack in the"
-            " system Python (python3-libnvinfer, see samples/jetson/README.md), on a desktop from NVIDIA's"
-            " `tensorrt` wheels") from None
+            f"TensorRT's Python bindings are not importable here ({exc}); on Jetson they come with"
+            " JetPack in the system Python (python3-libnvinfer, see samples/jetson/README.md), on a desktop from"
+            f" NVIDIA's `tensorrt` wheels{hint}") from None
     if not hasattr(trt, "Builder") or not hasattr(trt, "Runtime"):
         raise SpecExportError("the installed `tensorrt` package is a placeholder without the TensorRT libraries;"
-                              " install the real bindings (JetPack's python3-libnvinfer, or NVIDIA's wheels)")
+                              f" install the real bindings (JetPack's python3-libnvinfer, or NVIDIA's wheels){hint}")
     return trt
 
 
-def cuda_runtime():
+def cuda_runtime() -> object:
     try:
         from cuda.bindings import runtime as cudart  # cuda-python >= 12.8
     except ImportError:
@@ -163,7 +174,7 @@ def device_info(cudart, device: int = 0) -> dict:
 _STREAMS: dict[int, object] = {}
 
 
-def shared_stream(cudart):
+def shared_stream(cudart) -> object:
     """The one CUDA stream every piece runs on (pieces run one after another)."""
     key = id(cudart)
     if key not in _STREAMS:
@@ -174,14 +185,6 @@ def shared_stream(cudart):
 def _handle(stream) -> int:
     get = getattr(stream, "getPtr", None)
     return int(get()) if get else int(stream)
-
-
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 class _DeviceBuffer:
@@ -199,7 +202,7 @@ class TrtPiece:
     """One engine, its contexts (one per profile) and its device buffers; implements `Piece.run`."""
 
     def __init__(self, name: str, engine_bytes: bytes, spec: dict, plan: dict, max_context: int, trt, cudart,
-                 trt_version: str) -> None:
+                 trt_version: str, version_compatible: bool = False) -> None:
         self.name, self.trt, self.cudart = name, trt, cudart
         self.inputs = [TensorSpec.from_json(t) for t in spec["inputs"]]
         self.outputs = [TensorSpec.from_json(t) for t in spec["outputs"]]
@@ -207,13 +210,15 @@ class TrtPiece:
         self.primary = next(t for t in self.inputs if t.name in PRIMARY_INPUTS)
         self.result_specs = [t for t in self.outputs if not t.name.startswith("present_")]
         self.profiles = plan["profiles"]
-        self.kv_mode = kv_binding_mode(spec["kv"]["mode"], trt_version)
+        self.kv_mode = kv_binding_mode(plan.get("kv", {}).get("mode", spec["kv"]["mode"]), trt_version)
         self.max_context = max_context
         self.keep_max = max(p.get("values", {}).get("logits_to_keep", {"max": [1]})["max"][0]
                             for p in self.profiles)
         self.stream = shared_stream(cudart)
         self.logger = trt.Logger(trt.Logger.WARNING)
         self.runtime = trt.Runtime(self.logger)
+        if version_compatible:  # such an engine carries its own lean runtime, which TensorRT must be allowed to run
+            self.runtime.engine_host_code_allowed = True
         self.engine = self.runtime.deserialize_cuda_engine(engine_bytes)
         if self.engine is None:
             raise SpecExportError(f"TensorRT could not deserialize the engine of piece {name!r}; rebuild it on this"
@@ -230,12 +235,14 @@ class TrtPiece:
         self._kv: list[tuple[str, str, list[_DeviceBuffer], tuple[int, ...]]] = []
         for t in self.inputs:
             if t.name.startswith("past_"):
+                present = t.name.replace("past_", "present_", 1)
+                self._check_alias(t.name, present)
                 shape = tuple(1 if d == "batch" else max_context if d == "cache_len" else int(d) for d in t.shape)
                 nbytes = int(np.prod(shape)) * np.dtype(t.dtype).itemsize
-                pair = [self._alloc(nbytes), self._alloc(nbytes)]
-                for buf in pair:  # zeroed once; positions past the query are masked anyway
+                buffers = [self._alloc(nbytes) for _ in range(1 if self.kv_mode == "inplace" else 2)]
+                for buf in buffers:  # zeroed once; positions past the query are masked anyway
                     cuda_check(cudart.cudaMemsetAsync(buf.ptr, 0, buf.nbytes, self.stream), "cudaMemsetAsync")
-                self._kv.append((t.name, t.name.replace("past_", "present_", 1), pair, shape))
+                self._kv.append((t.name, present, buffers, shape))
         self._in = {t.name: self._alloc(self._capacity(t)) for t in self.inputs
                     if not t.name.startswith("past_") and t.name not in self.shape_tensors}
         self._host_shape_values = {t.name: np.zeros([int(d) for d in t.shape], dtype=t.dtype)
@@ -244,6 +251,18 @@ class TrtPiece:
         cuda_check(cudart.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
 
     # -- setup -----------------------------------------------------------------------------------
+
+    def _check_alias(self, past: str, present: str) -> None:
+        """The engine says which output shares an input's memory (TensorRT 10.15+): it must agree with the plan,
+        or the binding below would be wrong."""
+        aliased = getattr(self.engine, "get_aliased_input_tensor", None)
+        if aliased is None:
+            return
+        source = aliased(present)
+        if (source == past) != (self.kv_mode == "inplace"):
+            raise SpecExportError(f"the engine of piece {self.name!r} {'updates' if source else 'does not update'}"
+                                  f" {past!r} in place but the plan says {self.kv_mode!r}; re-plan and rebuild the"
+                                  " engines with `specexport engines plan` and `specexport engines build`")
 
     def _alloc(self, nbytes: int) -> _DeviceBuffer:
         buf = _DeviceBuffer(self.cudart, nbytes)
@@ -306,10 +325,11 @@ class TrtPiece:
             ctx.set_input_shape(name, value.shape)
             self._h2d(self._in[name], value)
             ctx.set_tensor_address(name, self._in[name].ptr)
-        for past, present, pair, shape in self._kv:
+        for past, present, buffers, shape in self._kv:
             ctx.set_input_shape(past, shape)
-            ctx.set_tensor_address(past, pair[0].ptr)  # never the same buffer as the output (issue 4681)
-            ctx.set_tensor_address(present, pair[1].ptr)
+            # swap: two distinct buffers (issue 4681); inplace: the one buffer TensorRT's cache update writes into
+            ctx.set_tensor_address(past, buffers[0].ptr)
+            ctx.set_tensor_address(present, buffers[-1].ptr)
         for t in self.result_specs:
             ctx.set_tensor_address(t.name, self._out[t.name].ptr)
         if not ctx.execute_async_v3(_handle(self.stream)):
@@ -322,8 +342,8 @@ class TrtPiece:
                                                    self.stream), "cudaMemcpyAsync")
             results[t.name] = host
         cuda_check(self.cudart.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
-        for _, _, pair, _ in self._kv:  # the updated cache is the next call's past
-            pair.reverse()
+        for _, _, buffers, _ in self._kv:  # the updated cache is the next call's past (a no-op in place)
+            buffers.reverse()
         return results
 
     def close(self) -> None:
@@ -343,6 +363,9 @@ def open_trt_piece(bundle, name: str, trt=None, cudart=None) -> TrtPiece:
     """The TensorRT piece ``name`` of a loaded bundle: checks the plan, the engine entry, the device and
     the engine's TensorRT version / compute capability before deserializing it. ``trt`` and ``cudart``
     default to the real modules (tests pass doubles to check call order only)."""
+    # TensorRT first: on a machine without it, that is the one thing to say, whatever the bundle holds
+    trt = trt or import_tensorrt("; to run this bundle here use --backend onnxruntime")
+    cudart = cudart or cuda_runtime()
     section = bundle.manifest.get("tensorrt") or {}
     plan = section.get("plan", {}).get(name)
     if plan is None:
@@ -352,12 +375,10 @@ def open_trt_piece(bundle, name: str, trt=None, cudart=None) -> TrtPiece:
     if entry is None:
         raise SpecExportError(f"bundle {bundle.root} has no TensorRT engine for piece {name!r}; build the engines"
                               f" on this device with `specexport engines build {bundle.root}`")
-    trt = trt or import_tensorrt()
-    cudart = cudart or cuda_runtime()
     device = device_info(cudart)
     check_engine_compat(entry, trt.__version__, device["compute_capability"], bundle=bundle.root)
     path = Path(bundle.root) / entry["file"]
     if not path.is_file():
         raise SpecExportError(f"{path} is missing; rebuild the engines with `specexport engines build {bundle.root}`")
     return TrtPiece(name, path.read_bytes(), bundle.pieces[name], plan, bundle.max_context, trt, cudart,
-                    trt.__version__)
+                    trt.__version__, bool(entry.get("version_compatible")))

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .errors import SpecExportError
 from .manifest import MANIFEST, read_manifest, sha256_file
+from .paths import cache_dir
 from .trt_backend import cuda_runtime, device_info, import_tensorrt
 
 
@@ -41,11 +42,28 @@ def write_manifest(root: Path, manifest: dict) -> None:
     write_atomic(Path(root) / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
 
 
-def require_tensorrt(trt=None, cudart=None) -> tuple:
+def tensorrt_blocker() -> str | None:
+    """Why TensorRT engines cannot be built on this machine (a short clause), or None when they can."""
+    try:
+        import_tensorrt()
+        device_info(cuda_runtime())
+    except SpecExportError as exc:
+        return str(exc).split(";")[0]
+    return None
+
+
+def require_tensorrt(trt=None, cudart=None, hint: str = "") -> tuple:
     """(tensorrt module, cuda runtime module, device info), or one sentence saying what is missing."""
-    trt = trt or import_tensorrt()
+    trt = trt or import_tensorrt(hint)
     cudart = cudart or cuda_runtime()
     return trt, cudart, device_info(cudart)
+
+
+def device_timing_cache(trt_version: str, device: dict) -> Path:
+    """This device's timing cache outside any bundle, so a new bundle's build reuses earlier measurements
+    (a timing cache is only valid for one TensorRT version on one GPU model)."""
+    cc = device["compute_capability"].replace(".", "")
+    return cache_dir("tensorrt") / f"timing-trt{trt_version}-sm{cc}.cache"
 
 
 def _plan_section(manifest: dict, root: Path) -> dict:
@@ -136,9 +154,10 @@ def _engine_meta(name: str, plan: dict, data_sha: str, size: int, trt_version: s
 
 def build_engines(bundle_dir: Path, manifest: dict | None = None, *, pieces: list[str] | None = None,
                   timing_cache: Path | None = None, adopt: bool = False, any_device: bool = False,
-                  log: Callable[[str], None] = print, trt=None, cudart=None) -> dict:
+                  log: Callable[[str], None] = print, trt=None, cudart=None, write: bool = True) -> dict:
     """Build (or, with ``adopt``, record engines trtexec already built from the plan's scripts) every
-    piece's engine; returns the rewritten manifest. ``trt``/``cudart`` default to the real modules."""
+    piece's engine; returns the updated manifest, also written to ``bundle_dir`` unless ``write`` is False
+    (`specexport build` commits the manifest itself). ``trt``/``cudart`` default to the real modules."""
     root = Path(bundle_dir)
     manifest = manifest or read_manifest(root)
     section = _plan_section(manifest, root)
@@ -152,6 +171,8 @@ def build_engines(bundle_dir: Path, manifest: dict | None = None, *, pieces: lis
                               f" {', '.join(section['plan'])}")
     logger = trt.Logger(trt.Logger.WARNING)
     cache_path = Path(timing_cache) if timing_cache else root / section["builder"]["timing_cache"]
+    shared_cache = None if timing_cache else device_timing_cache(trt_version, device)
+    load_from = next((p for p in (cache_path, shared_cache) if p is not None and p.is_file()), None)
     entries = {e["piece"]: e for e in section.get("engines", [])}
     builder, cache = None, None
     for name in names:
@@ -163,7 +184,10 @@ def build_engines(bundle_dir: Path, manifest: dict | None = None, *, pieces: lis
                 raise SpecExportError(f"{engine_path} does not exist; run {plan['script']} first or build without"
                                       " --adopt")
             data = engine_path.read_bytes()
-            engine = trt.Runtime(logger).deserialize_cuda_engine(data)
+            runtime = trt.Runtime(logger)
+            if section["builder"]["version_compatible"]:  # its embedded lean runtime must be allowed to run
+                runtime.engine_host_code_allowed = True
+            engine = runtime.deserialize_cuda_engine(data)
             if engine is None:
                 raise SpecExportError(f"{engine_path} does not load in TensorRT {trt_version} on this GPU; rebuild it")
             if engine.num_optimization_profiles != len(plan["profiles"]):
@@ -173,9 +197,9 @@ def build_engines(bundle_dir: Path, manifest: dict | None = None, *, pieces: lis
         else:
             if builder is None:
                 builder = trt.Builder(logger)
-                if cache_path.is_file():
+                if load_from is not None:
                     config = builder.create_builder_config()
-                    cache = config.create_timing_cache(cache_path.read_bytes())
+                    cache = config.create_timing_cache(load_from.read_bytes())
             log(f"building the TensorRT engine of {name} ({len(plan['profiles'])} profiles)")
             data, cache = build_piece(trt, builder, logger, root, name, plan, section["builder"], cache)
             write_atomic(engine_path, data)
@@ -183,8 +207,11 @@ def build_engines(bundle_dir: Path, manifest: dict | None = None, *, pieces: lis
         entries[name] = _engine_meta(name, plan, hashlib.sha256(data).hexdigest(), len(data), trt_version, device,
                                      section, built_with)
     if cache is not None:
-        cache_path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(cache_path, bytes(cache.serialize()))
+        data = bytes(cache.serialize())
+        for path in (cache_path, shared_cache):
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                write_atomic(path, data)
     section["engines"] = [entries[n] for n in section["plan"] if n in entries]
     manifest["tensorrt"] = section
     files = manifest.setdefault("files", {})
@@ -193,5 +220,6 @@ def build_engines(bundle_dir: Path, manifest: dict | None = None, *, pieces: lis
     for rel in section.get("files", {}):
         if (root / rel).is_file():
             files[rel] = sha256_file(root / rel)
-    write_manifest(root, manifest)
+    if write:
+        write_manifest(root, manifest)
     return manifest

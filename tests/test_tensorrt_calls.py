@@ -1,10 +1,12 @@
-"""CALL ORDER ONLY. `FakeTensorRT` and `FakeCudaRuntime` are test doubles of the `tensorrt` module and of
+"""CALL ORDER ONLY. `TensorRTDouble` and `CudaRuntimeDouble` are test doubles of the `tensorrt` module and of
 cuda-python's runtime: they record which API calls the engine builder and the TensorRT piece make, in
 which order and with which arguments. They build nothing and compute nothing, so these tests verify the
 sequence of calls (strongly typed network, parse_from_file, workspace cap, timing cache shared across
 pieces and reused across runs, three profiles with shape-tensor values, the swap of two KV buffers that
 are never bound as both input and output), NOT that TensorRT accepts the graphs or computes the right
-numbers. That needs a GPU: tests/test_tensorrt_gpu.py.
+numbers. That needs a GPU: tests/test_tensorrt_gpu.py. The in-place binding (one buffer as both past and
+present, only for TensorScatter graphs) and `specexport build` without --plan-only are covered the same
+way: which calls, in which order, with which buffers.
 """
 
 from __future__ import annotations
@@ -24,10 +26,15 @@ from specexport.runtime.trt_build import build_engines
 from .test_tensorrt_fp16 import make_tiny_bundle
 
 
-class FakeTensorRT:
+class TensorRTDouble:
     """Test double of the `tensorrt` module: records calls; no engine is ever built (call order only)."""
 
     __version__ = "10.3.0.30"
+
+    def __init__(self, version: str | None = None):
+        if version:
+            self.__version__ = version
+        self._setup()
 
     class Logger:
         WARNING = 2
@@ -50,7 +57,7 @@ class FakeTensorRT:
     class ExecutionContextAllocationStrategy:
         USER_MANAGED = "USER_MANAGED"
 
-    def __init__(self):
+    def _setup(self):
         self.calls: list[tuple] = []
         fake = self
 
@@ -125,7 +132,8 @@ class FakeTensorRT:
 
             def build_serialized_network(self, network, config):
                 fake.calls.append(("builder.build_serialized_network", config.profiles))
-                return b"fake-engine:" + ",".join(t.name for t in network.inputs).encode()
+                form = b"inplace:" if getattr(network, "inplace", False) else b"swap:"
+                return b"fake-engine:" + form + ",".join(t.name for t in network.inputs).encode()
 
         class OnnxParser:
             num_errors = 0
@@ -138,6 +146,7 @@ class FakeTensorRT:
                 model = onnx.load(path, load_external_data=False)
                 self.network.inputs = [SimpleNamespace(name=v.name, is_shape_tensor=v.name == "logits_to_keep")
                                        for v in model.graph.input]
+                self.network.inplace = any(n.op_type == "TensorScatter" for n in model.graph.node)
                 return True
 
         class Context:
@@ -173,8 +182,11 @@ class FakeTensorRT:
         class Engine:
             num_optimization_profiles = 3
 
-            def __init__(self):
-                self.contexts = 0
+            def __init__(self, inplace):
+                self.contexts, self.inplace = 0, inplace
+
+            def get_aliased_input_tensor(self, name):
+                return name.replace("present_", "past_", 1) if self.inplace and name.startswith("present_") else None
 
             def is_shape_inference_io(self, name):
                 return name == "logits_to_keep"
@@ -193,12 +205,12 @@ class FakeTensorRT:
 
             def deserialize_cuda_engine(self, data):
                 fake.calls.append(("runtime.deserialize_cuda_engine", bytes(data[:12])))
-                return Engine()
+                return Engine(bytes(data).startswith(b"fake-engine:inplace:"))
 
         self.Builder, self.OnnxParser, self.Runtime = Builder, OnnxParser, Runtime
 
 
-class FakeCudaRuntime:
+class CudaRuntimeDouble:
     """Test double of cuda-python's runtime module: hands out fake pointers, copies nothing (call order only)."""
 
     class cudaMemcpyKind:
@@ -240,6 +252,12 @@ class FakeCudaRuntime:
         return (0,)
 
 
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    """The device-wide timing cache goes to a fresh folder per test, not the shared one."""
+    monkeypatch.setenv("SPECEXPORT_CACHE", str(tmp_path / "cache"))
+
+
 @pytest.fixture(scope="module")
 def planned(tmp_path_factory, tiny_checkpoint):
     out = make_tiny_bundle(tmp_path_factory.mktemp("calls") / "b", tiny_checkpoint)
@@ -262,7 +280,7 @@ def _names(calls):
 
 
 def test_build_engines_call_order(bundle):
-    trt, cuda = FakeTensorRT(), FakeCudaRuntime()
+    trt, cuda = TensorRTDouble(), CudaRuntimeDouble()
     manifest = build_engines(bundle, trt=trt, cudart=cuda, log=lambda m: None)
     names = _names(trt.calls)
     assert names.count("Builder") == 1  # one builder for all pieces
@@ -296,8 +314,8 @@ def test_build_engines_call_order(bundle):
     load_bundle(bundle)  # manifest rewritten with every checksum right
 
     # a second run loads the saved timing cache: reused across runs
-    trt2 = FakeTensorRT()
-    build_engines(bundle, trt=trt2, cudart=FakeCudaRuntime(), log=lambda m: None, pieces=["deep"])
+    trt2 = TensorRTDouble()
+    build_engines(bundle, trt=trt2, cudart=CudaRuntimeDouble(), log=lambda m: None, pieces=["deep"])
     loaded = [c for c in trt2.calls if c[0] == "config.create_timing_cache"]
     assert loaded and loaded[0][1].startswith(b"timing-cache:")
     assert [e["piece"] for e in json.loads((bundle / "manifest.json").read_text())["tensorrt"]["engines"]] == \
@@ -308,11 +326,11 @@ def test_build_refuses_another_gpu_than_planned(bundle):
     from specexport.runtime.errors import SpecExportError
 
     with pytest.raises(SpecExportError, match=r"compute capability 8\.9 but the plan is for target orin-nano"):
-        build_engines(bundle, trt=FakeTensorRT(), cudart=FakeCudaRuntime(8, 9), log=lambda m: None)
+        build_engines(bundle, trt=TensorRTDouble(), cudart=CudaRuntimeDouble(8, 9), log=lambda m: None)
 
 
 def test_trt_piece_call_order_and_kv_swap(bundle):
-    trt, cuda = FakeTensorRT(), FakeCudaRuntime()
+    trt, cuda = TensorRTDouble(), CudaRuntimeDouble()
     build_engines(bundle, trt=trt, cudart=cuda, log=lambda m: None)
     b = load_bundle(bundle)
     trt.calls.clear()
@@ -357,8 +375,121 @@ def test_trt_piece_call_order_and_kv_swap(bundle):
 def test_open_refuses_an_engine_from_another_tensorrt(bundle):
     from specexport.runtime.errors import SpecExportError
 
-    build_engines(bundle, trt=FakeTensorRT(), cudart=FakeCudaRuntime(), log=lambda m: None)
-    newer = FakeTensorRT()
+    build_engines(bundle, trt=TensorRTDouble(), cudart=CudaRuntimeDouble(), log=lambda m: None)
+    newer = TensorRTDouble()
     newer.__version__ = "10.7.0.23"
     with pytest.raises(SpecExportError, match="rebuild them on this device with `specexport engines build"):
-        open_trt_piece(load_bundle(bundle), "deep", trt=newer, cudart=FakeCudaRuntime())
+        open_trt_piece(load_bundle(bundle), "deep", trt=newer, cudart=CudaRuntimeDouble())
+
+
+@pytest.fixture(scope="module")
+def planned_inplace(tmp_path_factory, tiny_checkpoint):
+    out = make_tiny_bundle(tmp_path_factory.mktemp("calls-inplace") / "b", tiny_checkpoint, inplace=True)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["tensorrt"] = plan_tensorrt(out, manifest["pieces"], "rtx-4090")
+    manifest["files"].update(manifest["tensorrt"]["files"])
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return out
+
+
+def test_trt_piece_inplace_binding_call_order(planned_inplace, tmp_path):
+    """TensorScatter engines (TensorRT 10.15+): one device buffer per cache, bound as both past and present, the
+    same buffer on every call; the double's engine reports the aliasing as TensorRT's does."""
+    bundle = tmp_path / "b"
+    shutil.copytree(planned_inplace, bundle)
+    trt, cuda = TensorRTDouble("10.15.1.4"), CudaRuntimeDouble(8, 9)
+    build_engines(bundle, trt=trt, cudart=cuda, log=lambda m: None)
+    cuda.calls.clear()
+    piece = open_trt_piece(load_bundle(bundle), "deep", trt=trt, cudart=cuda)
+    kv_bytes = 1 * 2 * 128 * 16 * 2  # [batch, kv_heads, context, head_dim] fp16
+    assert sum(1 for c in cuda.calls if c[0] == "cudaMalloc" and c[1] == kv_bytes) == 4  # 2 layers x K, V: one each
+    seen = []
+    for n, start, keep in ((20, 0, 1), (1, 20, 1), (7, 21, 7)):
+        trt.calls.clear()
+        piece.run(np.zeros((1, n, 64), np.float16), start, keep=keep)
+        addresses = {c[2]: c[3] for c in trt.calls if c[0] == "context.set_tensor_address"}
+        assert addresses["past_key.0"] == addresses["present_key.0"]  # in place: TensorRT requires the same memory
+        seen.append(addresses["past_value.1"])
+    assert len(set(seen)) == 1  # nothing swaps
+    piece.close()
+    from specexport.runtime.errors import SpecExportError
+
+    old = TensorRTDouble("10.13.3.9")  # an engine from another TensorRT: refused before anything is bound
+    with pytest.raises(SpecExportError, match="rebuild them on this device"):
+        open_trt_piece(load_bundle(bundle), "deep", trt=old, cudart=CudaRuntimeDouble(8, 9))
+
+
+def test_trt_piece_refuses_an_engine_that_disagrees_with_the_plan(planned_inplace, tmp_path):
+    from specexport.runtime.errors import SpecExportError
+
+    bundle = tmp_path / "b"
+    shutil.copytree(planned_inplace, bundle)
+    trt = TensorRTDouble("10.15.1.4")
+    build_engines(bundle, trt=trt, cudart=CudaRuntimeDouble(8, 9), log=lambda m: None)
+    engine = bundle / "tensorrt" / "deep.engine"
+    engine.write_bytes(engine.read_bytes().replace(b"fake-engine:inplace:", b"fake-engine:swap:"))
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["files"]["tensorrt/deep.engine"] = None  # checksums are not the point here
+    with pytest.raises(SpecExportError, match=r"does not update 'past_key.0' in place but the plan says 'inplace'"):
+        from specexport.runtime.manifest import Bundle
+
+        open_trt_piece(Bundle(bundle, manifest), "deep", trt=trt, cudart=CudaRuntimeDouble(8, 9))
+
+
+def test_build_without_plan_only_builds_engines_into_the_bundle(tmp_path, tiny_checkpoint, monkeypatch):
+    """`specexport build --backend tensorrt --target orin-nano` on a machine with TensorRT (here: the double)
+    exports, checks, plans and builds the engines before the bundle is committed; every file, the engines
+    and scripts under tensorrt/ included, is checksummed in the manifest."""
+    from click.testing import CliRunner
+    from specexport.runtime import trt_backend, trt_build
+    from specexport.runtime.cli import main
+
+    trt, cuda = TensorRTDouble(), CudaRuntimeDouble()
+    for module in (trt_backend, trt_build):
+        monkeypatch.setattr(module, "import_tensorrt", lambda hint="": trt)
+        monkeypatch.setattr(module, "cuda_runtime", lambda: cuda)
+    out = tmp_path / "b"
+    result = CliRunner().invoke(main, ["build", "--model", str(tiny_checkpoint), "--target", "orin-nano", "--out",
+                                       str(out), "--context", "128", "--adapter", "none"])
+    assert result.exit_code == 0, result.output
+    assert "3 engine(s) built" not in result.output and "2 engine(s) built" in result.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    engines = manifest["tensorrt"]["engines"]
+    assert [e["piece"] for e in engines] == ["shallow", "deep"] and all(e["built_with"] == "python-api"
+                                                                        for e in engines)
+    for rel in ("tensorrt/shallow.engine", "tensorrt/deep.engine", "tensorrt/build_deep.sh"):
+        assert rel in manifest["files"] and (out / rel).is_file()
+    load_bundle(out)  # every checksum verifies
+    names = _names(trt.calls)
+    assert names.count("Builder") == 1 and names.count("builder.build_serialized_network") == 2
+    # the engines were built inside the bundle's temporary folder, before it was renamed into place
+    parsed = [c[1] for c in trt.calls if c[0] == "parser.parse_from_file"]
+    assert all(".b.partial-" in p for p in parsed)
+    assert not list(tmp_path.glob(".b.partial-*"))
+
+    # the same build refused for another GPU than the target's: nothing written
+    wrong = CudaRuntimeDouble(8, 9)
+    for module in (trt_backend, trt_build):
+        monkeypatch.setattr(module, "cuda_runtime", lambda: wrong)
+    again = CliRunner().invoke(main, ["build", "--model", str(tiny_checkpoint), "--target", "orin-nano", "--out",
+                                      str(tmp_path / "c"), "--context", "128", "--adapter", "none"])
+    assert again.exit_code == 1 and "compute capability 8.9 but target orin-nano is 8.7" in again.output
+    assert not (tmp_path / "c").exists()
+
+
+def test_adopt_records_trtexec_engines_call_order(bundle):
+    """After the plan's trtexec scripts ran (here: engine files the double can deserialize), --adopt loads each
+    engine once to check it and records it as built by trtexec, without building anything."""
+    from specexport.runtime.errors import SpecExportError
+
+    trt = TensorRTDouble()
+    with pytest.raises(SpecExportError, match=r"run tensorrt/build_shallow\.sh first"):
+        build_engines(bundle, trt=trt, cudart=CudaRuntimeDouble(), adopt=True, log=lambda m: None)
+    for name in ("shallow", "deep", "adapter"):
+        (bundle / "tensorrt" / f"{name}.engine").write_bytes(b"fake-engine:swap:" + name.encode())
+    trt.calls.clear()
+    manifest = build_engines(bundle, trt=trt, cudart=CudaRuntimeDouble(), adopt=True, log=lambda m: None)
+    names = _names(trt.calls)
+    assert "Builder" not in names and names.count("runtime.deserialize_cuda_engine") == 3
+    assert {e["built_with"] for e in manifest["tensorrt"]["engines"]} == {"trtexec"}
+    load_bundle(bundle)

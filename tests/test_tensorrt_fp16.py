@@ -8,6 +8,8 @@ Two executions of the same fp16 ONNX graphs, because neither alone says everythi
 * onnx.reference (numpy), which computes every op in the tensor's own dtype: fp16 arithmetic, as
   TensorRT will. Slow, so only on the tiny model.
 
+The in-place form (TensorScatter cache writes, for TensorRT 10.15+) is checked the same two ways.
+
 Also home of `make_tiny_bundle`, which the other TensorRT tests import: it builds the pieces straight
 from llama_graph (no adapter training, no build pipeline) so these tests stay fast and independent.
 """
@@ -26,6 +28,7 @@ from specexport.exporter.bundle import BundleWriter
 from specexport.exporter.hf_weights import extract
 from specexport.exporter.llama_graph import AdapterWeights
 from specexport.exporter.parity import TOLERANCE, relative_error
+from specexport.exporter.trt_graph import inplace_kv
 from specexport.runtime.backend import control_feeds
 from specexport.runtime.ort_backend import OrtPiece
 from transformers import AutoModelForCausalLM
@@ -36,27 +39,31 @@ TOL = TOLERANCE["fp16"]
 
 
 def make_tiny_bundle(out: Path, checkpoint: Path, flavour: str = "standard", precision: str = "fp16",
-                     exit_layer: int = EXIT, context: int = CONTEXT, adapter: bool = True) -> Path:
-    """shallow + deep (+ an adapter made of layer `exit_layer`'s attention) of the tiny model, as a bundle."""
+                     exit_layer: int = EXIT, context: int = CONTEXT, adapter: bool = True,
+                     inplace: bool = False) -> Path:
+    """shallow + deep (+ an adapter made of layer `exit_layer`'s attention) of the tiny model, as a bundle;
+    `inplace`: with TensorScatter cache writes (opset 24), as built for TensorRT 10.15+ targets."""
     dtype = {"fp16": np.float16, "fp32": np.float32}[precision]
+    form = (lambda g: inplace_kv(g, context)) if inplace else (lambda g: g)
     model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
     w = extract(model, context)
     d = w.dims
     with BundleWriter(Path(out), force=True) as writer:
-        writer.add_piece("shallow", llama_graph.build_shallow(d, w.rope, w.embed, w.layers[:exit_layer], flavour,
-                                                              dtype), flavour, layers=[0, exit_layer])
-        writer.add_piece("deep", llama_graph.build_deep(d, w.rope, w.layers[exit_layer:], w.final_norm, w.lm_head,
-                                                        flavour, dtype), flavour, layers=[exit_layer, d.layers])
+        writer.add_piece("shallow", form(llama_graph.build_shallow(d, w.rope, w.embed, w.layers[:exit_layer],
+                                                                   flavour, dtype)), flavour, layers=[0, exit_layer])
+        writer.add_piece("deep", form(llama_graph.build_deep(d, w.rope, w.layers[exit_layer:], w.final_norm,
+                                                             w.lm_head, flavour, dtype)), flavour,
+                         layers=[exit_layer, d.layers])
         if adapter:
             layer = w.layers[exit_layer]
             weights = AdapterWeights(input_norm=layer.input_norm, attn=layer.attn, output_norm=w.final_norm)
-            writer.add_piece("adapter", llama_graph.build_adapter(d, w.rope, weights, w.lm_head, flavour, dtype),
-                             flavour)
+            writer.add_piece("adapter", form(llama_graph.build_adapter(d, w.rope, weights, w.lm_head, flavour,
+                                                                       dtype)), flavour)
         tokenizer = writer.add_file(Path(checkpoint) / "tokenizer.json")
         eos = [int(model.config.eos_token_id)]
         writer.commit({"name": "tiny", "model": {"architecture": "llama", "dims": d.as_dict(),
                                                  "exit_layer": exit_layer, "eos_token_ids": eos},
-                       "graph": {"flavour": flavour, "opset": 17, "precision": precision},
+                       "graph": {"flavour": flavour, "opset": 24 if inplace else 17, "precision": precision},
                        "tokenizer": {"file": tokenizer, "eos_token_ids": eos, "chat": None},
                        "generation": {}, "speculative": {}, "tensorrt": {"engines": []}})
     return Path(out)
@@ -78,9 +85,11 @@ def torch_reference(checkpoint: Path, ids: list[int], exit_layer: int = EXIT) ->
     return {"h": h.numpy()[0], "logits": out.logits.numpy()[0], "adapter_logits": adapter_logits.numpy()[0]}
 
 
-@pytest.fixture(scope="module")
-def fp16_bundle(tmp_path_factory, tiny_checkpoint) -> Path:
-    return make_tiny_bundle(tmp_path_factory.mktemp("fp16") / "b", tiny_checkpoint)
+@pytest.fixture(scope="module", params=["swap", "inplace"])
+def fp16_bundle(request, tmp_path_factory, tiny_checkpoint) -> Path:
+    """The fp16 standard bundle in both KV forms: ScatterElements (swap) and TensorScatter (in place)."""
+    return make_tiny_bundle(tmp_path_factory.mktemp("fp16") / request.param, tiny_checkpoint,
+                            inplace=request.param == "inplace")
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +110,8 @@ def test_fp16_graphs_are_typed_as_tensorrt_needs(fp16_bundle):
         onnx.checker.check_model(str(fp16_bundle / spec["file"]))
         model = onnx.load(str(fp16_bundle / spec["file"]), load_external_data=False)
         onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)  # strongly typed: no mixups
+        writes = {n.op_type for n in model.graph.node if n.op_type in ("ScatterElements", "TensorScatter")}
+        assert writes == ({"TensorScatter"} if fp16_bundle.name == "inplace" else {"ScatterElements"}), name
         floats = {t.data_type for t in model.graph.initializer if t.data_type in (1, 10)}
         big = [t for t in model.graph.initializer if np.prod(t.dims) > 64]
         assert all(t.data_type == onnx.TensorProto.FLOAT16 for t in big if t.data_type in (1, 10)), name

@@ -41,14 +41,19 @@ def _device_target(tmp_path, trt, device) -> str:
     return str(path)
 
 
-@pytest.fixture(scope="module")
-def built(gpu, tmp_path_factory, tiny_checkpoint):
+@pytest.fixture(scope="module", params=["swap", "inplace"])
+def built(request, gpu, tmp_path_factory, tiny_checkpoint):
+    """Engines of the tiny fp16 bundle in both KV forms; the in-place (TensorScatter) form needs TensorRT 10.15."""
     from specexport.exporter.trt_plan import plan_tensorrt
+    from specexport.runtime.trt_backend import INPLACE_KV_FROM
     from specexport.runtime.trt_build import build_engines, write_manifest
 
     trt, _, device = gpu
+    inplace = request.param == "inplace"
+    if inplace and tuple(int(p) for p in trt.__version__.split(".")[:2]) < INPLACE_KV_FROM:
+        pytest.skip(f"in-place KV updates need TensorRT 10.15 or later, this is {trt.__version__}")
     root = tmp_path_factory.mktemp("gpu")
-    bundle = make_tiny_bundle(root / "b", tiny_checkpoint)
+    bundle = make_tiny_bundle(root / "b", tiny_checkpoint, inplace=inplace)
     manifest = json.loads((bundle / "manifest.json").read_text())
     manifest["tensorrt"] = plan_tensorrt(bundle, manifest["pieces"], _device_target(root, trt, device))
     manifest["files"].update(manifest["tensorrt"]["files"])
@@ -113,3 +118,22 @@ def test_gpu_trtexec_script_and_adopt(built, tmp_path):
     manifest = build_engines(bundle, pieces=["deep"], adopt=True, any_device=True)
     entry = next(e for e in manifest["tensorrt"]["engines"] if e["piece"] == "deep")
     assert entry["built_with"] == "trtexec"
+
+
+def test_gpu_build_command(gpu, tmp_path, tiny_checkpoint):
+    """`specexport build --target <this GPU>` without --plan-only: export, check, plan and engines in one go."""
+    from click.testing import CliRunner
+    from specexport.runtime.cli import main
+    from specexport.runtime.manifest import load_bundle
+    from specexport.runtime.session import load
+
+    trt, _, device = gpu
+    out = tmp_path / "b"
+    result = CliRunner().invoke(main, ["build", "--model", str(tiny_checkpoint), "--target",
+                                       _device_target(tmp_path, trt, device), "--out", str(out), "--context",
+                                       str(CONTEXT), "--adapter", "none"])
+    assert result.exit_code == 0, result.output
+    manifest = load_bundle(out).manifest
+    assert [e["piece"] for e in manifest["tensorrt"]["engines"]] == ["shallow", "deep"]
+    tokens = load(out, backend="tensorrt").generate_ids([1, 5, 9, 12], max_new_tokens=8, chat=False, mode="ar").tokens
+    assert 0 < len(tokens) <= 8

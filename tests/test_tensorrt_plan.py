@@ -196,8 +196,32 @@ def test_select_profile(fresh):
 
 
 def test_kv_binding_mode():
-    assert kv_binding_mode("swap", "10.3.0") == "swap"
-    with pytest.raises(SpecExportError, match=r"issue 4681.*TensorScatter arrives in 10\.15"):
-        kv_binding_mode("shared", "10.3.0")
-    with pytest.raises(SpecExportError, match="does not export that form yet"):
-        kv_binding_mode("shared", "10.15.1")
+    assert kv_binding_mode("swap", "10.3.0") == "swap" and kv_binding_mode("swap", "10.15.1") == "swap"
+    assert kv_binding_mode("inplace", "10.15.1.4") == "inplace" and kv_binding_mode("inplace", "11.4.1") == "inplace"
+    with pytest.raises(SpecExportError, match=r"TensorRT 10\.13\.3 cannot run \(it arrives in 10\.15\)"):
+        kv_binding_mode("inplace", "10.13.3")
+    for version in ("10.3.0", "10.15.1"):  # ONNX Runtime's one-buffer binding: never under TensorRT
+        with pytest.raises(SpecExportError, match=r"GroupQueryAttention.*issue 4681"):
+            kv_binding_mode("shared", version)
+    with pytest.raises(SpecExportError, match="unknown KV cache mode 'ring'"):
+        kv_binding_mode("ring", "10.15.1")
+
+
+def test_inplace_plan(tmp_path, tiny_checkpoint, fresh):
+    """A TensorScatter bundle plans in-place binding with a static cache length; TensorRT 10.3 refuses it, naming
+    the TensorScatter nodes; a swap bundle planned for an in-place target says how to get in-place updates."""
+    inplace = make_tiny_bundle(tmp_path / "inplace", tiny_checkpoint, inplace=True)
+    section = plan_tensorrt(inplace, _manifest(inplace)["pieces"], "rtx-4090")
+    deep = section["plan"]["deep"]
+    assert deep["kv"] == {"mode": "inplace", "count": 2, "cache_len": CONTEXT} and not section["notes"]
+    assert all(p["shapes"]["past_key.0"]["min"] == [1, 2, CONTEXT, 16] for p in deep["profiles"])
+    assert deep["shape_tensors"] == ["logits_to_keep"]
+    with pytest.raises(SpecExportError) as exc:
+        plan_tensorrt(inplace, _manifest(inplace)["pieces"], "thor")
+    assert "TensorScatter at shallow/kv_update.present_key.0" in str(exc.value)
+    assert "opset 24 is outside the 9-22 range" in str(exc.value)
+    with pytest.raises(SpecExportError, match="updates a 128-position cache in place but the plan is for 64"):
+        plan_tensorrt(inplace, _manifest(inplace)["pieces"], "rtx-4090", context=64)
+    swap = plan_tensorrt(fresh, _manifest(fresh)["pieces"], "rtx-4090")
+    assert swap["plan"]["deep"]["kv"]["mode"] == "swap"  # the graph decides the binding, not the target
+    assert any("--target rtx-4090" in n and "in place" in n for n in swap["notes"])

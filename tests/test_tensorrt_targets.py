@@ -20,9 +20,15 @@ def test_the_four_targets_and_their_facts():
     for t in (nano, agx, thor, desk):
         b = t["build"]
         assert b["precision"] == "fp16" and b["max_context"] >= 2048 and b["max_batch"] >= 1
-        assert 0 <= b["builder_optimization_level"] <= 5 and t["tensorrt"]["opset"] == 17
+        assert 0 <= b["builder_optimization_level"] <= 5 and b["workspace_mib"] > 0
         assert t["memory"]["budget"]
-        assert t["tensorrt"]["opset"] <= ops_matrix()["versions"][t["tensorrt"]["matrix"]]["opset_max"]
+        lo, hi = t["tensorrt"]["parses_opsets"]
+        assert lo <= t["tensorrt"]["opset"] <= hi
+    # in place where the TensorRT version parses TensorScatter (10.15), the two-buffer swap where it does not
+    for swap in (nano, agx, thor):
+        assert swap["build"]["kv_update"] == "swap" and swap["tensorrt"]["opset"] == 17
+    assert desk["build"]["kv_update"] == "inplace" and desk["tensorrt"]["opset"] == 24
+    assert nano["tensorrt"]["parses_opsets"] == [9, 20] and thor["tensorrt"]["parses_opsets"] == [9, 22]
     # the 8 GB Orin Nano shares its memory with the CPU: its workspace cap is the lowest
     assert nano["build"]["workspace_mib"] <= 512 < agx["build"]["workspace_mib"]
     assert "orin-nano" in describe(nano) and "sm_87" in describe(nano)
@@ -37,6 +43,12 @@ def test_aliases_and_paths(tmp_path):
     mine = load_target(str(path))
     assert mine["name"] == "mine" and mine["tensorrt"]["matrix"] == "10.3"
     assert mine["build"]["max_batch"] == 1 and mine["build"]["prefill_opt"] == 256
+    assert mine["build"]["kv_update"] == "swap" and mine["tensorrt"]["opset"] == 17  # auto on 10.3: swap
+    newer = tmp_path / "newer.toml"
+    newer.write_text('[tensorrt]\nversion = "10.15.1"\ncompute_capability = "12.0"\n'
+                     '[build]\nmax_context = 1024\nworkspace_mib = 256\n')
+    assert load_target(str(newer))["build"]["kv_update"] == "inplace"  # auto on 10.15: in place
+    assert load_target(str(newer))["tensorrt"]["opset"] == 24
 
 
 def test_unknown_target_names_the_available_ones():
@@ -56,6 +68,12 @@ def test_unknown_target_names_the_available_ones():
      "TensorRT 9.2 has no operator matrix"),
     ('[tensorrt]\nversion = "10.3"\ncompute_capability = "sm87"\n[build]\nmax_context = 8\nworkspace_mib = 1\n',
      "compute_capability must look like"),
+    ('[tensorrt]\nversion = "10.13"\ncompute_capability = "11.0"\n[build]\nmax_context = 8\nworkspace_mib = 1\n'
+     'kv_update = "inplace"\n', r"TensorScatter \(TensorRT 10\.15 and later\) but the target runs TensorRT 10\.13"),
+    ('[tensorrt]\nversion = "10.3"\ncompute_capability = "8.7"\nopset = 24\n[build]\nmax_context = 8\n'
+     'workspace_mib = 1\n', "opset is 24, but swap KV updates are exported at opset 17"),
+    ('[tensorrt]\nversion = "10.3"\ncompute_capability = "8.7"\n[build]\nmax_context = 8\nworkspace_mib = 1\n'
+     'kv_update = "ring"\n', "kv_update 'ring'"),
 ])
 def test_bad_target_files_say_what_is_wrong(tmp_path, body, words):
     path = tmp_path / "bad.toml"

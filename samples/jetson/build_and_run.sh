@@ -3,7 +3,8 @@
 # there and generate. NOT YET RUN ON A DEVICE (see README.md: nothing of the TensorRT path has run on a GPU).
 #
 #   samples/jetson/build_and_run.sh user@jetson [target]     # target: orin-nano (default), agx-orin, thor
-#   samples/jetson/build_and_run.sh local [target]           # everything on this machine (run it on the Jetson)
+#   samples/jetson/build_and_run.sh local [target]           # everything on this machine (run it on the Jetson;
+#                                                            # the export step then needs torch there too)
 #
 # Environment: REMOTE_DIR (default: specexport, relative to the remote home), VENV (the device's virtual
 # environment, default: ~/specexport-venv), PROMPT.
@@ -21,12 +22,15 @@ PROMPT="${PROMPT:-Explain how a hash table works.}"
 specexport build --backend tensorrt --target "$TARGET" --plan-only --out "$BUNDLE" --force
 specexport check "$BUNDLE" --target "$TARGET" > /dev/null
 
+# quoted for the shell that runs the device steps (the prompt may hold quotes)
+Q_BUNDLE=$(printf '%q' "$BUNDLE")
+Q_PROMPT=$(printf '%q' "$PROMPT")
 device_steps="
 set -euo pipefail
-[ -f $VENV/bin/activate ] && . $VENV/bin/activate
+if [ -f $VENV/bin/activate ]; then . $VENV/bin/activate; fi
 python3 -c 'import tensorrt' || { echo 'TensorRT Python bindings missing: sudo apt install python3-libnvinfer' >&2; exit 1; }
-specexport engines build '$BUNDLE'
-specexport generate --bundle '$BUNDLE' --backend tensorrt --stats '$PROMPT'
+specexport engines build $Q_BUNDLE
+specexport generate --bundle $Q_BUNDLE --backend tensorrt --stats $Q_PROMPT
 "
 
 if [ "$DEVICE" = local ]; then
