@@ -6,7 +6,7 @@ BUNDLE ?= bundles/smollm2
 PROMPT ?= Explain how a hash table works.
 export SPECEXPORT_CACHE ?= $(CURDIR)/.cache
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench bench-env clean
 
 $(BIN)/specexport: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -31,6 +31,34 @@ test: setup
 
 lint: setup
 	$(BIN)/ruff check .
+
+# -- bench: Spec-Bench through the bundle and its peers (see BENCHMARKS.md) -----------------------------
+# ONNX Runtime GenAI's model builder needs transformers >= 5 and its own onnxruntime; it lives in a venv of
+# its own so the exporter's pins never have to move for a baseline. `specexport bench` drives it through a
+# subprocess and keeps the models it builds under $(SPECEXPORT_CACHE)/ortgenai (git-ignored).
+VENV_GENAI := .venv-genai
+GENAI_VERSION ?= 0.18.0
+BENCH_ARGS ?=
+
+$(VENV_GENAI)/.installed:
+	$(PY) -m venv $(VENV_GENAI)
+	# keeps git from listing the venv (the repository's .gitignore names only .venv/)
+	echo '*' > $(VENV_GENAI)/.gitignore
+	$(VENV_GENAI)/bin/pip install -q --upgrade pip
+	# torch 2.13.0 CPU from the wheel on disk first, so nothing below pulls a CUDA build
+	$(VENV_GENAI)/bin/pip install -q torch==2.13.0
+	$(VENV_GENAI)/bin/pip install -q onnxruntime-genai==$(GENAI_VERSION) 'transformers>=5' onnx onnx-ir
+	touch $@
+
+$(VENV)/.bench-chart: | setup
+	$(BIN)/pip install -q 'matplotlib>=3.8'
+	touch $@
+
+bench-env: setup $(VENV_GENAI)/.installed $(VENV)/.bench-chart
+
+bench: bench-env $(BUNDLE)/manifest.json
+	$(BIN)/specexport bench --bundle $(BUNDLE) --out reports/$(notdir $(BUNDLE)) \
+		--genai-python $(VENV_GENAI)/bin/python $(BENCH_ARGS)
 
 clean:
 	rm -rf bundles reports

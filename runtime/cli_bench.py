@@ -30,19 +30,25 @@ def register(main: click.Group) -> None:
                   " reference). Default: every mode the runtime has; those the bundle lacks are skipped.")
     @click.option("--baselines", default="hf,hf-lookup,ortgenai", show_default=True,
                   help="Peers to run in the same pass: hf (transformers generate, PyTorch fp32), hf-lookup"
-                  " (prompt lookup, 10 tokens), ortgenai (ONNX Runtime GenAI fp32, and int4 when the bundle"
-                  " is int4), ortgenai-fp32, ortgenai-int4; 'none' for none.")
+                  " (its prompt lookup, 10 tokens), ortgenai (ONNX Runtime GenAI fp32 through its own model"
+                  " builder, plus int4/int8 when the bundle is), ortgenai-fp32, ortgenai-int4, ortgenai-int8;"
+                  " 'none' for none.")
     @click.option("--out", type=click.Path(path_type=Path), default=None,
                   help="Report directory (default: reports/<bundle directory name>).")
-    @click.option("--threads", type=int, default=None, help="Intra-op threads of every system (the bundle's ONNX"
-                  " Runtime sessions, ORT GenAI, PyTorch). Default: one per core.")
+    @click.option("--threads", type=int, default=None, help="Intra-op threads of every system alike (the bundle's"
+                  " ONNX Runtime sessions, ORT GenAI, PyTorch). Default: $OMP_NUM_THREADS if set, else one per core.")
+    @click.option("--genai-python", default=None, envvar="SPECEXPORT_ORTGENAI_PYTHON",
+                  help="Interpreter with onnxruntime-genai (and transformers >= 5 for its builder) that builds and"
+                  " runs the ortgenai baselines. Default: .venv-genai/bin/python (made by `make bench-env`) when"
+                  " present, else this interpreter.")
     @click.option("--no-warmup", is_flag=True, help="Skip each system's untimed warm-up run.")
     @click.option("--no-memory", is_flag=True, help="Skip the peak-memory probe of `specexport generate`.")
     @click.option("--json", "as_json", is_flag=True, help="Print report.json on stdout.")
     def bench(bundle, questions, categories, limit, max_new_tokens, max_prompt_tokens, modes, baselines, out,
-              threads, no_warmup, no_memory, as_json) -> None:
+              threads, genai_python, no_warmup, no_memory, as_json) -> None:
         """Spec-Bench through the bundle's modes and its peers, interleaved per question; writes
-        report.json, report.md and report.png.
+        report.json, report.md and report.png. Baselines whose package is missing are skipped with the
+        reason (`make bench-env` installs them).
 
         \b
         specexport bench --bundle bundles/smollm2 --limit 2
@@ -50,13 +56,14 @@ def register(main: click.Group) -> None:
         """
         from tqdm import tqdm
 
-        from .bench import BenchConfig, run_bench, write_report
+        from .bench import BenchConfig, run_bench
+        from .bench_report import write_report
 
         out = out or Path("reports") / Path(bundle).resolve().name
         cfg = BenchConfig(bundle=bundle, questions=questions, categories=_csv(categories), limit=limit,
                           max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens, modes=_csv(modes),
                           baselines=_csv(baselines) or [], warmup=not no_warmup, memory=not no_memory,
-                          threads=threads, command=" ".join(["specexport", *sys.argv[1:]]))
+                          threads=threads, genai_python=genai_python, command=" ".join(["specexport", *sys.argv[1:]]))
         bar = tqdm(total=0, unit="run", file=sys.stderr, dynamic_ncols=True, disable=None)
 
         def log(message: str) -> None:
@@ -73,9 +80,10 @@ def register(main: click.Group) -> None:
             bar.set_postfix_str(f"{question.category} {question.question_id} {system}", refresh=False)
             bar.update(1)
             if bar.disable and record:  # no terminal (CI, a log file): one line per run instead
+                tps = record["tokens_per_s"]
                 click.echo(f"[{counts['done']}/{counts['total']}] {question.category} {question.question_id}"
-                           f" {system}: {record['new_tokens']} tokens, {record['tokens_per_s']:.1f} tokens/s",
-                           err=True)
+                           f" {system}: {record['new_tokens']} tokens"
+                           + (f", {tps:.1f} tokens/s" if tps is not None else ""), err=True)
 
         try:
             report = run_bench(cfg, progress=progress, log=log, total_hook=total)
@@ -86,5 +94,5 @@ def register(main: click.Group) -> None:
             click.echo(json.dumps(report, indent=2))
         else:
             click.echo(Path(paths["md"]).read_text())
-        where = ", ".join(str(p) for p in (paths["json"], paths["md"], paths["png"]))
-        click.echo(f"wrote {where} in {report['elapsed_s']:.0f} s", err=True)
+        chart = str(paths["png"]) if isinstance(paths["png"], Path) else f"no chart ({paths['png']})"
+        click.echo(f"wrote {paths['json']}, {paths['md']}, {chart} in {report['elapsed_s']:.0f} s", err=True)

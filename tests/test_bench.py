@@ -1,39 +1,40 @@
-"""`specexport bench`: Spec-Bench loading and truncation, the interleaved loop, aggregation, reports.
+"""`specexport bench`: Spec-Bench loading and cutting, the interleaved loop, aggregation, the GenAI worker
+protocol, reports and the command.
 
-Most tests use synthetic records or fake systems (no model). One end-to-end run goes through a tiny
-random bundle with the Hugging Face baseline on its checkpoint; one (slow) through the real default
-bundle."""
+Most tests use synthetic records, fake systems or a fake onnxruntime_genai (no model). The end-to-end runs
+go through a tiny random bundle with an (untrained) adapter and the Hugging Face baselines on its
+checkpoint, and, where an interpreter with onnxruntime-genai exists (`make bench-env`), through the real
+ONNX Runtime GenAI builder on the same checkpoint; one slow test runs the real default bundle."""
 
 from __future__ import annotations
 
 import json
+import statistics
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import click
 import pytest
 from click.testing import CliRunner
-from specexport.runtime import bench
-from specexport.runtime.bench import (
+from specexport.runtime import bench_ortgenai, bench_report, bench_systems
+from specexport.runtime.bench import run_interleaved, start_systems
+from specexport.runtime.bench_machine import default_threads
+from specexport.runtime.bench_metrics import (
     KEYS,
     METRICS,
     REFERENCE,
     SCHEMA,
-    Question,
     RunResult,
-    Skip,
-    System,
     aggregate,
     compare_to_reference,
-    cut_text,
     first_mismatch,
-    load_questions,
     make_record,
-    render_markdown,
-    run_interleaved,
-    start_systems,
-    strip_eos,
-    write_report,
 )
+from specexport.runtime.bench_questions import Question, cut_text, load_questions, resolve_questions
+from specexport.runtime.bench_report import render_markdown, write_report
+from specexport.runtime.bench_systems import Skip, System, strip_eos
 from specexport.runtime.cli_bench import register
 from specexport.runtime.errors import SpecExportError
 
@@ -83,16 +84,16 @@ def test_load_questions_rejects_unknown_category_and_bad_lines(tmp_path):
 
 def test_resolve_questions(tmp_path, monkeypatch):
     path = write_questions(tmp_path / "q.jsonl")
-    assert bench.resolve_questions(str(path)) == path.resolve()
+    assert resolve_questions(str(path)) == path.resolve()
     monkeypatch.chdir(tmp_path)
-    assert bench.resolve_questions("q.jsonl") == path.resolve()
+    assert resolve_questions("q.jsonl") == path.resolve()
     with pytest.raises(SpecExportError, match="--questions"):
-        bench.resolve_questions("nowhere.jsonl")
+        resolve_questions("nowhere.jsonl")
 
 
 @pytest.mark.skipif(not SPECBENCH.is_file(), reason="shared/specbench is not beside the repository")
 def test_real_specbench_default_path_13_categories():
-    path = bench.resolve_questions(None)
+    path = resolve_questions(None)
     assert path == SPECBENCH.resolve()
     qs = load_questions(path, limit=2)
     cats = list(dict.fromkeys(q.category for q in qs))
@@ -101,27 +102,33 @@ def test_real_specbench_default_path_13_categories():
 
 
 def test_cut_text_keeps_the_last_tokens():
-    encode = str.split
-    decode = " ".join
     text = " ".join(f"w{i}" for i in range(10))
-    assert cut_text(text, encode, decode, 20) == (text, False)
-    assert cut_text(text, encode, decode, 10) == (text, False)
-    assert cut_text(text, encode, decode, 3) == ("w7 w8 w9", True)
+    assert cut_text(text, str.split, " ".join, 20) == (text, False)
+    assert cut_text(text, str.split, " ".join, 10) == (text, False)
+    assert cut_text(text, str.split, " ".join, 3) == ("w7 w8 w9", True)
+
+
+def test_default_threads_follow_omp_num_threads(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert default_threads() == 1
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert default_threads() >= 1
 
 
 # -- one run --------------------------------------------------------------------------------------------
 
 
 def test_tau_counts_the_eos_step():
-    q = Question(1, "qa", "x")
-    ar_eos = make_record(q, REFERENCE, RunResult([5] * 49, 1.0, steps=50, finish_reason="eos"), 10, False)
+    ar_eos = make_record(1, "qa", REFERENCE, RunResult([5] * 49, 1.0, steps=50, finish_reason="eos"), 10, False)
     assert ar_eos["mean_accepted_tokens"] == pytest.approx(1.0)
-    spec = make_record(q, "specexport-self", RunResult([5] * 49, 1.0, steps=20, drafted=40, accepted=30,
-                                                       finish_reason="eos"), 10, False)
+    spec = make_record(1, "qa", "specexport-self", RunResult([5] * 49, 1.0, steps=20, drafted=40, accepted=30,
+                                                             finish_reason="eos"), 10, False)
     assert spec["mean_accepted_tokens"] == pytest.approx(2.5)
+    assert spec["acceptance_rate"] == pytest.approx(0.75)
     compare_to_reference([ar_eos, spec], {REFERENCE: [5] * 49, "specexport-self": [5] * 49})
     tau = aggregate([ar_eos, spec], [REFERENCE, "specexport-self"])
     assert tau[REFERENCE]["overall"]["mean_accepted_tokens"] == pytest.approx(1.0)
+    assert tau["specexport-self"]["overall"]["identical_to_ar"] is True
 
 
 def test_strip_eos_and_first_mismatch():
@@ -152,7 +159,7 @@ def synthetic_records() -> list[dict]:
     outs = {REFERENCE: ar_out, "specexport-spec": {1: [1, 2, 3], 2: [4, 5, 0], 3: [7, 8, 9]}, "hf": ar_out}
     records = []
     for q in QS:
-        recs = [make_record(q, name, runs[name][q.question_id], 40, False) for name in runs]
+        recs = [make_record(q.question_id, q.category, name, runs[name][q.question_id], 40, False) for name in runs]
         compare_to_reference(recs, {name: outs[name][q.question_id] for name in runs})
         records.extend(recs)
     return records
@@ -187,10 +194,9 @@ def test_aggregate_medians_totals_and_flags():
     assert spec["mean_accepted_tokens"] == pytest.approx(30 / 17)
     assert spec["acceptance_rate"] == pytest.approx(13 / 26)
     assert spec["identical_to_ar"] is False and spec["identical_count"] == 2
-    assert spec["ratio_to"]["hf"] == pytest.approx(statistics_median([4.0, 2.0, 8.0]))
+    assert spec["ratio_to"]["hf"] == pytest.approx(statistics.median([4.0, 2.0, 8.0]))
     assert hf["speedup"] == pytest.approx(0.5) and hf["mean_accepted_tokens"] is None
     assert hf["acceptance_rate"] is None and hf["identical_to_ar"] is True
-    # per category
     w = results["specexport-spec"]["categories"]["writing"]
     assert w["questions"] == 2 and w["speedup"] == pytest.approx(1.5) and w["identical_to_ar"] is False
     q = results["specexport-spec"]["categories"]["qa"]
@@ -199,10 +205,11 @@ def test_aggregate_medians_totals_and_flags():
     assert list(results[REFERENCE]["categories"]) == ["writing", "qa"]
 
 
-def statistics_median(values):
-    import statistics
-
-    return statistics.median(values)
+def test_a_system_that_stopped_early_is_compared_on_its_own_questions():
+    records = [r for r in synthetic_records() if not (r["system"] == "hf" and r["question_id"] == 3)]
+    hf = aggregate(records, [REFERENCE, "hf"])["hf"]["overall"]
+    assert hf["questions"] == 2
+    assert hf["speedup_total"] == pytest.approx((20 / 6.0) / (20 / 3.0))  # AR over questions 1 and 2 only
 
 
 # -- the interleaved loop with fake systems ---------------------------------------------------------
@@ -214,6 +221,7 @@ class FakeSystem(System):
         self.kind = "specexport" if name.startswith("specexport") else "baseline"
         self.out, self.fail_on, self.skip = list(out), fail_on, skip
         self.calls = calls if calls is not None else []
+        self.closed = False
 
     def setup(self):
         if self.skip:
@@ -224,6 +232,9 @@ class FakeSystem(System):
         if self.fail_on is not None and prompt_ids[0] == self.fail_on:
             raise RuntimeError("boom")
         return RunResult(self.out[:max_new_tokens], 0.1, steps=len(self.out))
+
+    def close(self):
+        self.closed = True
 
 
 def test_interleaved_rotates_order_and_handles_failures():
@@ -253,21 +264,158 @@ def test_reference_failure_is_an_error_and_skips_are_reported():
     with pytest.raises(RuntimeError):
         run_interleaved([FakeSystem(REFERENCE, fail_on=1)], [Question(1, "qa", "x")], [([1], False)], 8, {})
     skipped: dict = {}
-    systems, setup_s = start_systems([FakeSystem(REFERENCE), FakeSystem("hf", skip="torch is not installed")],
-                                     skipped, ([1], 2), log=lambda m: None)
+    broken = FakeSystem("hf-lookup", fail_on=1)
+    systems, setup_s = start_systems([FakeSystem(REFERENCE), FakeSystem("hf", skip="torch is not installed"),
+                                      broken], skipped, ([1], 2), log=lambda m: None)
     assert [s.name for s in systems] == [REFERENCE] and set(setup_s) == {REFERENCE}
-    assert skipped == {"hf": "torch is not installed"}
+    assert skipped["hf"] == "torch is not installed"
+    assert skipped["hf-lookup"] == "failed to start: RuntimeError: boom" and broken.closed
 
 
-def test_baselines_skip_with_a_reason(monkeypatch, tmp_path):
-    monkeypatch.setattr(bench, "_missing", lambda module: module in ("onnxruntime_genai", "torch"))
-    with pytest.raises(Skip, match="torch is not installed"):
-        bench.HFSystem(tmp_path, {2}).setup()
-    with pytest.raises(Skip, match="onnxruntime-genai is not installed"):
-        bench.OrtGenAISystem(tmp_path, {2}).setup()
-    monkeypatch.setattr(bench, "_missing", lambda module: False)
-    with pytest.raises(Skip, match=r"checkpoint .* is not on this machine"):
-        bench.OrtGenAISystem(tmp_path / "gone", {2}).setup()
+def test_hf_baseline_skips_with_a_reason(monkeypatch, tmp_path):
+    monkeypatch.setattr(bench_systems, "missing", lambda module: module == "torch")
+    with pytest.raises(Skip, match=r"torch is not installed \(pip install"):
+        bench_systems.HFSystem(tmp_path, {2}).setup()
+    monkeypatch.setattr(bench_systems, "missing", lambda module: False)
+    with pytest.raises(Skip, match=r"checkpoint .*gone is not on this machine"):
+        bench_systems.HFSystem(tmp_path / "gone", {2}).setup()
+
+
+# -- ONNX Runtime GenAI: interpreter, builder guard, worker protocol ------------------------------------
+
+
+def fake_python(path: Path, answer: dict) -> str:
+    """An 'interpreter' that answers the worker's `versions` call with `answer`."""
+    path.write_text(f"#!/bin/sh\necho '{json.dumps(answer)}'\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_genai_skips_with_a_reason(tmp_path):
+    with pytest.raises(Skip, match=r"interpreter .*nowhere/python does not exist; run `make bench-env`"):
+        bench_ortgenai.env_versions(str(tmp_path / "nowhere" / "python"))
+    python = fake_python(tmp_path / "py", {"onnxruntime-genai": None, "executable": "py"})
+    with pytest.raises(Skip, match=r"onnxruntime-genai is not installed in .*py; run `make bench-env`"):
+        bench_ortgenai.env_versions(python)
+    ckpt = tmp_path / "ckpt"
+    with pytest.raises(Skip, match=r"checkpoint .*ckpt is not on this machine"):
+        bench_ortgenai.OrtGenAISystem(ckpt, {2}, python=python).setup()
+
+
+def test_genai_builder_needs_transformers_5(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECEXPORT_CACHE", str(tmp_path / "cache"))
+    found = {"onnxruntime-genai": "0.18.0", "transformers": "4.57.1", "torch": "2.13.0", "executable": "/py"}
+    ckpt = tmp_path / "ckpt"
+    with pytest.raises(Skip, match=r"needs transformers >= 5 but /py has 4\.57\.1; run `make bench-env`"):
+        bench_ortgenai.build_model("/py", found, ckpt, "k", "fp32", log=lambda m: None)
+    with pytest.raises(Skip, match=r"needs torch and transformers >= 5"):
+        bench_ortgenai.build_model("/py", {**found, "torch": None}, ckpt, "k", "fp32", log=lambda m: None)
+
+
+def test_find_python_order(tmp_path, monkeypatch):
+    monkeypatch.delenv("SPECEXPORT_ORTGENAI_PYTHON", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert bench_ortgenai.find_python("/given/python") == "/given/python"
+    monkeypatch.setenv("SPECEXPORT_ORTGENAI_PYTHON", "/env/python")
+    assert bench_ortgenai.find_python() == "/env/python"
+    monkeypatch.delenv("SPECEXPORT_ORTGENAI_PYTHON")
+    (tmp_path / ".venv-genai" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv-genai" / "bin" / "python").write_text("")
+    assert bench_ortgenai.find_python() == str(tmp_path / ".venv-genai" / "bin" / "python")
+
+
+FAKE_GENAI = '''
+"""A stand-in for onnxruntime_genai: greedy 'generation' counts up from the last prompt token."""
+print("noise on stdout that must not reach the protocol")
+
+
+class Config:
+    def __init__(self, path):
+        self.path = path
+
+    def overlay(self, text):
+        import json
+        assert json.loads(text)["model"]["decoder"]["session_options"]["intra_op_num_threads"] == 3
+
+
+class Model:
+    def __init__(self, config):
+        pass
+
+
+class GeneratorParams:
+    def __init__(self, model):
+        pass
+
+    def set_search_options(self, **options):
+        self.max_length = options["max_length"]
+
+
+class Generator:
+    def __init__(self, model, params):
+        self.max_length, self.ids = params.max_length, []
+
+    def append_tokens(self, ids):
+        self.ids = list(ids)
+
+    def is_done(self):
+        return len(self.ids) >= self.max_length or self.ids[-1] == 99
+
+    def generate_next_token(self):
+        print("more noise")
+        self.ids.append(self.ids[-1] + 1)
+
+    def get_next_tokens(self):
+        return [self.ids[-1]]
+'''
+
+
+def test_genai_worker_protocol_with_a_fake_library(tmp_path, monkeypatch):
+    """The whole OrtGenAISystem path (interpreter check, cached model, worker, EOS, close) against a fake
+    onnxruntime_genai, so the protocol is tested where the real library is not installed."""
+    lib = tmp_path / "lib"
+    (lib / "onnxruntime_genai").mkdir(parents=True)
+    (lib / "onnxruntime_genai" / "__init__.py").write_text(textwrap.dedent(FAKE_GENAI))
+    meta = lib / "onnxruntime_genai-0.0.1.dist-info"
+    meta.mkdir()
+    meta.joinpath("METADATA").write_text("Metadata-Version: 2.1\nName: onnxruntime-genai\nVersion: 0.0.1\n")
+    monkeypatch.setenv("PYTHONPATH", str(lib))
+    monkeypatch.setenv("SPECEXPORT_CACHE", str(tmp_path / "cache"))
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    found = bench_ortgenai.env_versions(sys.executable)
+    assert found["onnxruntime-genai"] == "0.0.1"
+    built = bench_ortgenai.model_dir(ckpt, "sha", "fp32", found)  # as if the builder had run already
+    built.mkdir(parents=True)
+    (built / "genai_config.json").write_text("{}")
+
+    system = bench_ortgenai.OrtGenAISystem(ckpt, {99}, "fp32", threads=3, python=sys.executable, source_key="sha")
+    system.setup()
+    try:
+        assert "onnxruntime-genai 0.0.1" in system.note and system.versions["onnxruntime-genai"] == "0.0.1"
+        out = system.generate([1, 2, 10], 4)
+        assert out.tokens == [11, 12, 13, 14] and out.finish_reason == "length" and out.steps == 4
+        out = system.generate([95], 10)
+        assert out.tokens == [96, 97, 98] and out.finish_reason == "eos" and out.steps == 4
+        assert out.seconds > 0
+    finally:
+        system.close()
+    assert system.proc is None
+
+
+@pytest.fixture(scope="module")
+def genai_python() -> str:
+    """An interpreter with the real onnxruntime-genai and its builder's needs (`make bench-env`)."""
+    python = bench_ortgenai.find_python()
+    try:
+        found = bench_ortgenai.env_versions(python)
+    except Skip as exc:
+        pytest.skip(str(exc))
+    why = bench_ortgenai._builder_ready(found)
+    if why:
+        pytest.skip(why)
+    return python
 
 
 # -- reports --------------------------------------------------------------------------------------------
@@ -281,12 +429,13 @@ def synthetic_report() -> dict:
         "elapsed_s": 1.0,
         "machine": {"cpu_model": "Test CPU", "cores": 2, "platform": "x", "python": "3.11",
                     "loadavg_start": [0.1, 0.1, 0.1], "loadavg_end": [0.2, 0.1, 0.1]},
-        "versions": {"specexport": "0.1.0", "torch": None},
+        "versions": {"specexport": "0.1.0", "torch": None,
+                     "ortgenai_env": {"onnxruntime-genai": "0.18.0", "executable": "/x/python"}},
         "bundle": {"path": "/b", "name": "tiny", "precision": "fp32", "flavour": "ort", "exit_layer": 2,
                    "pieces": ["shallow", "deep"], "checkpoint": None},
         "settings": {"questions": "q.jsonl", "categories": ["writing", "qa"], "limit": 2, "max_new_tokens": 128,
                      "max_prompt_tokens": 1500, "greedy": True, "batch_size": 1, "warmup": True,
-                     "threads": None, "reference": REFERENCE, "systems": names},
+                     "threads": 2, "reference": REFERENCE, "systems": names},
         "systems": {n: {"label": {"hf": "HF transformers"}.get(n, n), "kind": "baseline" if n == "hf" else "specexport",
                         "mode": "ar", "precision": "fp32", "setup_s": 0.1, "note": ""} for n in names},
         "skipped": {"ortgenai-fp32": "onnxruntime-genai is not installed"},
@@ -297,12 +446,15 @@ def synthetic_report() -> dict:
     }
 
 
-def test_keys_document_every_top_level_key():
+def test_keys_document_every_key_of_the_report():
     report = synthetic_report()
     assert set(report) <= set(KEYS)
-    assert {"schema", "results", "records", "memory", "machine", "versions", "command"} <= set(KEYS)
+    assert {"schema", "results", "records", "memory", "machine", "versions", "command", "chart"} <= set(KEYS)
     for metric in METRICS:
         assert f"results.*.{metric}" in KEYS
+    # the stable names CI pipelines read, per system, overall and per category
+    for block in (report["results"]["hf"]["overall"], report["results"]["hf"]["categories"]["qa"]):
+        assert {"tokens_per_s", "speedup", "mean_accepted_tokens", "acceptance_rate", "identical_to_ar"} <= set(block)
 
 
 def test_markdown_tables():
@@ -315,9 +467,11 @@ def test_markdown_tables():
     assert next(line for line in lines if line.startswith("| HF transformers |")).count("–") >= 2
     assert "| category | specexport-ar | specexport-spec | HF transformers |" in md
     assert "| writing |" in md and "| qa |" in md
+    assert "## Side by side" in md and "| specexport-spec | 2.00× | 1 | 4.00× |" in md
     assert "outputs differ from specexport AR" in md
     assert "ortgenai-fp32: onnxruntime-genai is not installed" in md
     assert "1.30× the fp32 weights on disk" in md
+    assert "ONNX Runtime GenAI's interpreter: onnxruntime-genai 0.18.0" in md and "/x/python" not in md
 
 
 def test_write_report_files(tmp_path):
@@ -327,26 +481,24 @@ def test_write_report_files(tmp_path):
     assert data["schema"] == SCHEMA and data["keys"] == KEYS
     assert data["results"]["specexport-spec"]["overall"]["identical_to_ar"] is False
     assert paths["md"].read_text().startswith("# specexport bench: tiny (fp32)")
-    if bench._missing("matplotlib"):
-        assert "matplotlib" in paths["png"]
+    if bench_systems.missing("matplotlib"):
+        assert "matplotlib" in paths["png"] and data["chart"] is None
     else:
         assert Path(paths["png"]).read_bytes()[:4] == b"\x89PNG" and data["chart"] == "report.png"
 
 
 def test_chart_skipped_without_matplotlib(tmp_path, monkeypatch):
-    monkeypatch.setattr(bench, "_missing", lambda module: module == "matplotlib")
+    monkeypatch.setattr(bench_report, "missing", lambda module: module == "matplotlib")
     paths = write_report(synthetic_report(), tmp_path)
     assert "matplotlib is not installed" in paths["png"]
     assert not (tmp_path / "report.png").exists()
     assert "No chart: matplotlib is not installed" in (tmp_path / "report.md").read_text()
-    assert json.loads((tmp_path / "report.json").read_text())["chart"] is None
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["chart"] is None and "matplotlib" in data["chart_note"]
 
 
 def test_bench_is_light_to_import():
-    import subprocess
-    import sys
-
-    code = ("import sys, specexport.runtime.bench, specexport.runtime.cli_bench;"
+    code = ("import sys, specexport.runtime.bench, specexport.runtime.cli_bench, specexport.runtime.bench_report;"
             " print(sorted(m for m in ('torch', 'transformers', 'onnxruntime', 'onnxruntime_genai', 'matplotlib')"
             " if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -366,57 +518,109 @@ def test_cli_registers_bench():
     result = CliRunner().invoke(cli(), ["bench", "--help"])
     assert result.exit_code == 0, result.output
     for option in ("--bundle", "--questions", "--categories", "--limit", "--max-new-tokens", "--modes",
-                   "--baselines", "--out", "--json"):
+                   "--baselines", "--out", "--json", "--threads", "--genai-python"):
         assert option in result.output
+
+
+def test_cli_errors_are_one_sentence(tiny_bundles, tmp_path):
+    from specexport.runtime.cli import main
+
+    bundle = tiny_bundles("ort", 2)
+    questions = write_questions(tmp_path / "q.jsonl")
+    runner = CliRunner()
+    result = runner.invoke(main, ["bench", "--bundle", str(bundle), "--questions", str(questions),
+                                  "--categories", "poetry", "--out", str(tmp_path / "r")])
+    assert result.exit_code == 1 and "error: unknown category poetry" in result.output
+    assert "Traceback" not in result.output
+    for args, message in ((["--baselines", "vllm"], "error: unknown baseline 'vllm'"),
+                          (["--modes", "auto"], "error: --modes takes concrete modes"),
+                          (["--max-new-tokens", "0"], "error: --max-new-tokens must be at least 1"),
+                          (["--max-prompt-tokens", "300"], "error: question 6 is")):
+        result = runner.invoke(main, ["bench", "--bundle", str(bundle), "--questions", str(questions),
+                                      "--out", str(tmp_path / "r"), *args])
+        assert result.exit_code == 1 and message in result.output, result.output
+    assert not (tmp_path / "r").exists()
 
 
 # -- end to end -----------------------------------------------------------------------------------------
 
 
 def test_end_to_end_tiny_bundle(tiny_bundles, tmp_path):
-    """The whole path on a tiny random model: bundle AR, its modes, and HF on the same checkpoint."""
+    """The whole command on a tiny random model: the bundle's AR and self modes, HF and its prompt lookup
+    on the same checkpoint, every output compared with AR's; an ortgenai baseline with no GenAI
+    interpreter is skipped with the reason."""
     pytest.importorskip("transformers")
-    bundle = tiny_bundles("ort", 2)
+    bundle = tiny_bundles("ort", 2, adapter="untrained")
     questions = write_questions(tmp_path / "q.jsonl")
     out = tmp_path / "report"
+    missing_genai = fake_python(tmp_path / "py", {"onnxruntime-genai": None, "executable": "py"})
     result = CliRunner().invoke(cli(), [
         "bench", "--bundle", str(bundle), "--questions", str(questions), "--categories", "qa,rag", "--limit", "1",
-        "--max-new-tokens", "8", "--max-prompt-tokens", "40", "--baselines", "hf", "--out", str(out),
-        "--no-memory", "--json"])
+        "--max-new-tokens", "12", "--max-prompt-tokens", "40", "--baselines", "hf,hf-lookup,ortgenai",
+        "--genai-python", missing_genai, "--threads", "1", "--out", str(out), "--no-memory", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads((out / "report.json").read_text())
     assert json.loads(result.stdout) == data
-    assert data["settings"]["categories"] == ["qa", "rag"]
+    assert data["settings"]["categories"] == ["qa", "rag"] and data["settings"]["threads"] == 1
+    assert data["settings"]["systems"] == [REFERENCE, "specexport-self", "hf", "hf-lookup"]
+    assert "onnxruntime-genai is not installed" in data["skipped"]["ortgenai-fp32"]
     records = data["records"]
-    assert {r["system"] for r in records} >= {REFERENCE, "hf"}
     rag = [r for r in records if r["category"] == "rag"]
     assert all(r["prompt_cut"] for r in rag) and not any(r["prompt_cut"] for r in records if r["category"] == "qa")
+    assert len({r["prompt_tokens"] for r in rag}) == 1  # every system got the same prompt ids
     ar = data["results"][REFERENCE]["overall"]
     assert ar["questions"] == 2 and ar["speedup"] == 1.0 and ar["mean_accepted_tokens"] == pytest.approx(1.0)
-    for name, res in data["results"].items():
-        if data["systems"][name]["kind"] == "specexport":
-            assert res["overall"]["identical_to_ar"] is True, name  # lossless
-    # HF runs the same fp32 weights on the same ids: greedy output should agree with the bundle's
-    assert data["results"]["hf"]["overall"]["questions"] == 2
-    assert (out / "report.md").read_text().count("| qa |") >= 2
+    spec = data["results"]["specexport-self"]
+    assert spec["overall"]["identical_to_ar"] is True  # lossless
+    assert spec["overall"]["mean_accepted_tokens"] >= 1.0 and spec["overall"]["acceptance_rate"] is not None
+    assert set(spec["categories"]) == {"qa", "rag"}
+    for name in ("hf", "hf-lookup"):
+        assert data["results"][name]["overall"]["questions"] == 2
+        assert data["results"][name]["overall"]["mean_accepted_tokens"] >= 1.0
+    md = (out / "report.md").read_text()
+    assert md.count("| qa |") >= 3 and "Lossless check: every speculative output equals" in md
+
+
+def test_genai_baseline_on_the_tiny_checkpoint(genai_python, tiny_checkpoint, tmp_path, monkeypatch):
+    """The real ONNX Runtime GenAI builder fed the local checkpoint (offline), then greedy decoding in the
+    worker: the same prompt ids give tokens, and a second set-up reuses the cached model."""
+    monkeypatch.setenv("SPECEXPORT_CACHE", str(tmp_path / "cache"))
+    logs: list[str] = []
+    system = bench_ortgenai.OrtGenAISystem(tiny_checkpoint, {2}, "fp32", threads=1, python=genai_python,
+                                           source_key="tiny", log=logs.append)
+    system.setup()
+    try:
+        out = system.generate([1, 40, 41, 42, 43], 8)
+        assert 0 < out.new_tokens <= 8 and out.seconds > 0 and out.steps >= out.new_tokens
+    finally:
+        system.close()
+    assert len(logs) == 1 and "building the ONNX Runtime GenAI fp32 model" in logs[0]
+    again = bench_ortgenai.OrtGenAISystem(tiny_checkpoint, {2}, "fp32", threads=1, python=genai_python,
+                                          source_key="tiny", log=logs.append)
+    again.setup()
+    again.close()
+    assert len(logs) == 1  # built once, then taken from the cache
 
 
 @pytest.mark.slow
 def test_end_to_end_default_bundle(default_bundle, tmp_path):
-    """`--limit 1 --categories qa --max-new-tokens 8 --baselines hf` on SmolLM2, memory probe included."""
+    """Two Spec-Bench questions, 32 tokens, on SmolLM2 with every default baseline that can run here and the
+    memory probe: specexport modes are lossless and HF's fp32 greedy output equals the bundle's."""
     if not SPECBENCH.is_file():
         pytest.skip("shared/specbench is not beside the repository")
     out = tmp_path / "report"
     result = CliRunner().invoke(cli(), [
-        "bench", "--bundle", str(default_bundle), "--questions", str(SPECBENCH), "--categories", "qa",
-        "--limit", "1", "--max-new-tokens", "8", "--baselines", "hf", "--out", str(out)])
+        "bench", "--bundle", str(default_bundle), "--questions", str(SPECBENCH), "--categories", "qa,summarization",
+        "--limit", "1", "--max-new-tokens", "32", "--out", str(out)])
     assert result.exit_code == 0, result.output
     data = json.loads((out / "report.json").read_text())
     assert data["results"][REFERENCE]["overall"]["new_tokens"] > 0
-    assert data["results"]["hf"]["overall"]["identical_to_ar"] is True  # same fp32 weights, same greedy path
+    assert data["results"]["hf"]["overall"]["identical_to_ar"] is True
     for name, res in data["results"].items():
         if data["systems"][name]["kind"] == "specexport":
             assert res["overall"]["identical_to_ar"] is True, name
+    for name in ("hf-lookup", "ortgenai-fp32"):
+        assert name in data["results"] or name in data["skipped"]
     mem = data["memory"]
     assert mem["exit_code"] == 0 and mem["peak_rss_bytes"] > 100e6 and mem["weights_fp32_bytes"] > 500e6
     assert "tokens/s per category" in (out / "report.md").read_text()
