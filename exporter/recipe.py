@@ -5,7 +5,10 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-import tomllib
+try:
+    import tomllib  # Python 3.11+
+except ModuleNotFoundError:  # Python 3.10 (JetPack 6)
+    import tomli as tomllib
 
 from ..runtime.errors import SpecExportError
 

@@ -10,7 +10,6 @@ from collections import Counter
 import numpy as np
 import pytest
 from scipy import stats as sps
-
 from specexport.runtime import load
 from specexport.runtime.sampling import SamplingParams, sample
 from specexport.runtime.speculative import verify

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from specexport.runtime import load
 
 PROMPTS = ["hash table", "the quick brown fox", "write a haiku about the sea", "explain how"]

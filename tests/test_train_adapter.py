@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from transformers import AutoModelForCausalLM
-
 from specexport.exporter.adapter_source import train_for_target
 from specexport.exporter.build import build_bundle
 from specexport.exporter.model_source import resolve
 from specexport.runtime import load
+from transformers import AutoModelForCausalLM
 
 SETTINGS = {"prompt_limit": 48, "max_new_tokens": 48, "batch_size": 16, "steps": 40, "tokens_per_batch": 1024,
             "lr": 3e-3, "warmup": 5, "eval_every": 20, "holdout": 0.15}
@@ -78,7 +77,6 @@ def test_training_on_a_pruned_head_exports_that_head(trained, tiny_checkpoint, t
     """An adapter trained over the 64 most frequent tokens keeps exactly those rows at export, with no
     recipe setting, and still decodes losslessly (verification keeps the full vocabulary)."""
     import numpy as np
-
     from specexport.exporter.train_adapter import pruned_vocab
 
     model, _, _ = trained
