@@ -11,14 +11,15 @@ import numpy as np
 from tqdm import tqdm
 
 from ..runtime.errors import SpecExportError
-from . import llama_graph, model_source, parity
+from . import llama_graph, model_source, parity, quantize
 from .bundle import BundleWriter
 from .chat import render_chat
 from .hf_weights import extract
 from .onnx_builder import OPSET
 from .recipe import load_recipe, with_overrides
 
-PRECISIONS = {"fp32": np.float32, "fp16": np.float16}
+# precision -> the float dtype of the graph; int8/int4 are fp32 graphs whose weight MatMuls become MatMulNBits
+PRECISIONS = {"fp32": np.float32, "fp16": np.float16, "int8": np.float32, "int4": np.float32}
 BACKENDS = ("onnxruntime", "tensorrt")
 OPSET_NOTES = {OPSET: "opset 17: parsed by TensorRT 10.3 (JetPack 6) and later",
                24: "opset 24: TensorScatter cache writes, which TensorRT 10.15 and later update in place"}
@@ -52,6 +53,33 @@ def _reference(model, exit_layer: int, adapter=None, vocab_map: np.ndarray | Non
         return ref
 
     return run
+
+
+def _dequantized_reference(model, exit_layer: int, adapter, vocab_map: np.ndarray | None,
+                           spec: quantize.QuantSpec):
+    """PyTorch running the very weights the quantized graphs hold (rounded, back in fp32): what the
+    quantized pieces must match closely, whatever the rounding did to the model's quality."""
+    import copy
+
+    dq_model = copy.deepcopy(model)
+    quantize.fake_quantize_torch(dq_model, spec, skip=() if spec.lm_head else (dq_model.lm_head,))
+    dq_adapter = None
+    if adapter is not None:
+        dq_adapter = copy.deepcopy(adapter)
+        quantize.fake_quantize_torch(dq_adapter, spec)
+    return _reference(dq_model, exit_layer, dq_adapter, vocab_map)
+
+
+def _check_precision(precision: str | None, flavour: str | None, backend: str | None, target: str | None) -> None:
+    """Refuses quantized precisions where MatMulNBits cannot run, before anything is written."""
+    if precision is None or precision not in quantize.BITS:
+        return
+    if backend == "tensorrt" or target:
+        raise SpecExportError(f"{precision} weights use ONNX Runtime's MatMulNBits and TensorRT builds fp16, so"
+                              f" drop --precision {precision} or build for --backend onnxruntime")
+    if flavour not in (None, "ort"):
+        raise SpecExportError(f"{precision} weights need the 'ort' graph flavour (ONNX Runtime's MatMulNBits), not"
+                              f" {flavour!r}; drop --flavour {flavour} or build with --precision fp32")
 
 
 def parity_sequences(tokenizer, vocab: int, context: int, seed: int = 0) -> list[list[int]]:
@@ -110,16 +138,19 @@ def _tensorrt_context(requested: int | None, recipe_context: int, target: dict) 
 def build_bundle(out: Path, recipe: str | None = None, model: str | None = None, exit_layer: int | None = None,
                  context: int | None = None, flavour: str | None = None, force: bool = False,
                  adapter: str | None = None, command: str = "", backend: str | None = None,
-                 target: str | None = None, plan_only: bool = False) -> dict:
+                 target: str | None = None, plan_only: bool = False, precision: str | None = None) -> dict:
     """Build a bundle at `out`. `adapter`: 'auto' (shipped, cached or freshly trained), 'none',
     'untrained' (tests only) or a trained adapter directory. With `backend='tensorrt'` and a `target`
     (name, alias or .toml): fp16 standard-flavour pieces checked against the target's TensorRT, its build
-    plan and trtexec scripts, and (unless `plan_only`) the engines, built here through TensorRT."""
+    plan and trtexec scripts, and (unless `plan_only`) the engines, built here through TensorRT.
+    `precision`: fp32, or int8/int4 weight-only quantization of the ort flavour (default: the recipe's)."""
+    _check_precision(precision, flavour, backend, target)
     trt_target = tensorrt_target(backend, target, plan_only)
     if trt_target is not None:
         context = _tensorrt_context(context, int(load_recipe(recipe)["export"].get("context", 2048)), trt_target)
         flavour = flavour or "standard"
-    cfg = with_overrides(load_recipe(recipe), exit_layer=exit_layer, context=context, flavour=flavour)
+    cfg = with_overrides(load_recipe(recipe), exit_layer=exit_layer, context=context, flavour=flavour,
+                         precision=precision)
     exp = cfg["export"]
     if trt_target is not None:
         exp["precision"] = trt_target["build"]["precision"]  # strongly typed: the precision is the ONNX file's
@@ -128,6 +159,9 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
         raise SpecExportError(f"unknown graph flavour {flavour!r}; use one of {', '.join(llama_graph.FLAVOURS)}")
     if precision not in PRECISIONS:
         raise SpecExportError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
+    _check_precision(precision, flavour, None, None)  # the recipe's precision and flavour, too
+    # the recipe's [export.quantize] may override the measured defaults (quantize.QuantSpec's fields)
+    qspec = quantize.spec_for(precision, **exp.get("quantize", {}))
     context = int(exp.get("context", 2048))
     opset = OPSET if trt_target is None else trt_target["tensorrt"]["opset"]
     stages = tqdm(total=6, desc="build", unit="stage", file=sys.stderr, disable=None)
@@ -142,6 +176,17 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
 
     def stage(name: str) -> None:
         stages.set_postfix_str(name)
+
+    def quantized(graph, output_path: bool = True) -> tuple:
+        """The piece with its weight MatMuls quantized (int8/int4), and the manifest's record of it. Pieces on
+        the output path (shallow, deep) also get one-row attention calls made multi-row, so verifying k
+        tokens at once gives bit for bit what k single steps give (see quantize.multirow_attention)."""
+        if qspec is None:
+            return graph, {}
+        graph, summary = quantize.quantize_model(graph, qspec)
+        if output_path:
+            summary["multirow_attention"] = quantize.multirow_attention(graph)
+        return graph, {"quantization": summary}
 
     with BundleWriter(Path(out), force=force) as writer:
         stage("locating model")
@@ -166,13 +211,15 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
 
         stage("exporting shallow")
         shallow = llama_graph.build_shallow(dims, weights.rope, weights.embed, weights.layers[:ell], flavour, dtype)
-        writer.add_piece("shallow", for_target(shallow), flavour, layers=[0, ell])
+        shallow, qinfo = quantized(shallow)
+        writer.add_piece("shallow", for_target(shallow), flavour, layers=[0, ell], **qinfo)
         del shallow
         stages.update()
         stage("exporting deep")
         deep = llama_graph.build_deep(dims, weights.rope, weights.layers[ell:], weights.final_norm,
                                       weights.lm_head, flavour, dtype)
-        writer.add_piece("deep", for_target(deep), flavour, layers=[ell, dims.layers])
+        deep, qinfo = quantized(deep)
+        writer.add_piece("deep", for_target(deep), flavour, layers=[ell, dims.layers], **qinfo)
         del deep
         stages.update()
 
@@ -197,8 +244,9 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
                 extra["draft_vocab"] = {"file": "draft_vocab.npy", "size": len(vocab_map),
                                         "note": "FR-Spec: the head keeps these token ids (ascending);"
                                                 " logits are in this order, top_token is a real id"}
+            graph, qinfo = quantized(graph, output_path=False)  # drafts only: verification decides
             writer.add_piece("adapter", for_target(graph), flavour, layers=None, exit_layer=ell, training=summary,
-                             **extra)
+                             **extra, **qinfo)
         stages.update()
 
         if trt_target is not None:  # before the parity check: a target TensorRT cannot parse fails fast
@@ -216,8 +264,12 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
         ]
         if adapter_module is not None:
             checks.append(parity.PieceCheck("adapter", hidden, {"logits": "adapter_logits"}))
+        dequantized = None
+        if qspec is not None:
+            dequantized = _dequantized_reference(torch_model, ell, adapter_module, vocab_map, qspec)
         report = parity.run_checks(writer.tmp, writer.pieces, checks, parity_sequences(tokenizer, dims.vocab, context),
-                                   _reference(torch_model, ell, adapter_module, vocab_map), precision, context)
+                                   _reference(torch_model, ell, adapter_module, vocab_map), precision, context,
+                                   dequantized=dequantized)
         for name, result in report.items():
             writer.pieces[name]["parity"] = result
         stages.update()
@@ -248,7 +300,8 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
             "name": cfg.get("name", Path(out).name),
             "model": {"architecture": torch_model.config.model_type, "dims": dims.as_dict(), "exit_layer": ell,
                       "bos_token_id": tokenizer.bos_token_id, "eos_token_ids": eos_ids},
-            "graph": {"flavour": flavour, "opset": opset, "precision": precision, "opset_note": OPSET_NOTES[opset]},
+            "graph": {"flavour": flavour, "opset": opset, "precision": precision, "opset_note": OPSET_NOTES[opset],
+                      **({"quantization": qspec.as_dict()} if qspec is not None else {})},
             "tokenizer": {"file": tok_file, "eos_token_ids": eos_ids, "chat": render_chat(tokenizer),
                           "chat_template": getattr(tokenizer, "chat_template", None)},
             "generation": cfg["generation"],

@@ -62,6 +62,9 @@ def main() -> None:
 @click.option("--flavour", type=click.Choice(["ort", "standard"]), default=None,
               help="Attention graphs: 'ort' uses ONNX Runtime's GroupQueryAttention with in-place caches;"
               " 'standard' uses opset-17 ops only (TensorRT).")
+@click.option("--precision", type=click.Choice(["fp32", "int8", "int4"]), default=None,
+              help="Weights: fp32, or int8/int4 weight-only quantization (ONNX Runtime's MatMulNBits, blocks of 32"
+              " along K; the ort flavour only). Default: the recipe's (fp32).")
 @click.option("--adapter", default="auto", show_default=True,
               help="Kangaroo adapter: 'auto' uses the one shipped or trained earlier for this model and exit"
               " layer, else trains one by self-distillation; 'none' builds without; or a directory written by"
@@ -77,7 +80,7 @@ def main() -> None:
               " scripts but build no engines (no TensorRT or GPU needed); build them on the device with"
               " `specexport engines build`.")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON on stdout.")
-def build(out, recipe, model, exit_layer, context, flavour, adapter, force, backend, target, plan_only,
+def build(out, recipe, model, exit_layer, context, flavour, precision, adapter, force, backend, target, plan_only,
           as_json) -> None:
     """Build a bundle: load the model, cut and export its pieces, check them against PyTorch."""
     try:
@@ -87,12 +90,13 @@ def build(out, recipe, model, exit_layer, context, flavour, adapter, force, back
                               " `pip install 'specexport[export]'`") from None
     manifest = build_bundle(out, recipe=recipe, model=model, exit_layer=exit_layer, context=context,
                             flavour=flavour, force=force, adapter=adapter, command=_command(), backend=backend,
-                            target=target, plan_only=plan_only)
+                            target=target, plan_only=plan_only, precision=precision)
     if as_json:
         click.echo(json.dumps(manifest, indent=2))
     else:
         pieces = ", ".join(manifest["pieces"])
-        click.echo(f"wrote {out} ({pieces}; exit layer {manifest['model']['exit_layer']})", err=True)
+        click.echo(f"wrote {out} ({pieces}; exit layer {manifest['model']['exit_layer']};"
+                   f" {manifest['graph']['precision']})", err=True)
         trt = manifest.get("tensorrt") or {}
         if trt.get("plan"):
             built = len(trt["engines"])

@@ -1,0 +1,181 @@
+"""int8/int4 weight-only quantization (MatMulNBits): packing, bundles, parity, speculative == AR, refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from specexport.exporter import quantize
+from specexport.exporter.build import build_bundle
+from specexport.runtime.errors import SpecExportError
+from specexport.runtime.session import load
+
+PROMPTS = ["Explain how a hash table works.", "write a haiku about the sea", "what is seventeen times twenty three"]
+
+
+@pytest.fixture(scope="module")
+def quantized_bundles(tmp_path_factory, tiny_checkpoint):
+    root = tmp_path_factory.mktemp("quantized")
+    bundles = {}
+    for precision in ("int8", "int4"):
+        bundles[precision] = root / precision
+        build_bundle(bundles[precision], model=str(tiny_checkpoint), context=256, adapter="untrained",
+                     precision=precision)
+    return bundles
+
+
+def _matmul_model(w: np.ndarray) -> onnx.ModelProto:
+    graph = helper.make_graph([helper.make_node("MatMul", ["a", "w"], ["y"], name="mm")], "g",
+                              [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["m", w.shape[0]])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", w.shape[1]])],
+                              [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_packing_is_what_onnxruntime_decodes(precision, symmetric):
+    # K = 80 is not a multiple of the block: the padded last block must decode right too
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((80, 24)).astype(np.float32)
+    spec = quantize.spec_for(precision, symmetric=symmetric, accuracy_level=0)  # exact fp32 compute
+    model, summary = quantize.quantize_model(_matmul_model(w), spec)
+    assert [n.op_type for n in model.graph.node] == ["MatMulNBits"] and summary["matmuls_quantized"] == 1
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    a = rng.standard_normal((3, 80)).astype(np.float32)
+    want = a @ quantize.fake_quantize(w, spec)
+    np.testing.assert_allclose(session.run(None, {"a": a})[0], want, rtol=1e-4, atol=1e-4)
+    assert np.abs(quantize.fake_quantize(w, spec) - w).max() < (0.6 if precision == "int4" else 0.04)
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_bundle_is_quantized_and_passes_parity(quantized_bundles, precision):
+    bundle = quantized_bundles[precision]
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["graph"]["precision"] == precision
+    assert manifest["graph"]["quantization"]["bits"] == quantize.BITS[precision]
+    assert set(manifest["pieces"]) == {"shallow", "deep", "adapter"}
+    for name, piece in manifest["pieces"].items():
+        q = piece["quantization"]
+        assert q["block_size"] == 32 and q["matmuls_quantized"] > 0, name
+        graph = onnx.load(str(bundle / piece["file"]), load_external_data=False).graph
+        ops = [n.op_type for n in graph.node]
+        weights = {t.name for t in graph.initializer}
+        assert "MatMulNBits" in ops, name
+        assert not [n for n in graph.node if n.op_type == "MatMul" and n.input[1] in weights], name
+        report = piece["parity"]
+        assert all(v <= report["tolerance"] for v in report["max_relative_error"].values()), name
+        assert all(v <= report["dequantized_tolerance"] for v in report["dequantized_max_relative_error"].values())
+        assert all(v >= report["min_top1_agreement"] for v in report["top1_agreement"].values()), name
+    assert manifest["pieces"]["shallow"]["quantization"]["float_weights"] == ["embed_tokens"]  # the Gather stays
+    assert manifest["pieces"]["deep"]["quantization"]["lm_head_quantized"] is True
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_self_speculative_equals_ar_of_the_same_quantized_bundle(quantized_bundles, precision):
+    session = load(quantized_bundles[precision])
+    for prompt in PROMPTS:
+        ar = session.generate(prompt, mode="ar", max_new_tokens=40)
+        spec = session.generate(prompt, mode="self", max_new_tokens=40)
+        assert spec.tokens == ar.tokens, prompt
+        assert session.last_stats.drafted > 0
+
+
+def test_mispacked_weights_fail_parity_naming_the_piece(tmp_path, tiny_checkpoint, monkeypatch):
+    def swapped(codes, bits):  # the high and low nibbles the wrong way round
+        packed = quantize_pack(codes, bits)
+        return ((packed >> 4) | (packed << 4)).astype(np.uint8)
+
+    quantize_pack = quantize._pack
+    monkeypatch.setattr(quantize, "_pack", swapped)
+    with pytest.raises(SpecExportError, match="piece 'shallow'"):
+        build_bundle(tmp_path / "bad", model=str(tiny_checkpoint), context=256, adapter="none", precision="int4")
+    assert list(tmp_path.iterdir()) == []  # no bundle, no partial directory
+
+
+@pytest.mark.parametrize("flags", [["--flavour", "standard"], ["--backend", "tensorrt", "--target", "orin-nano"]])
+def test_quantized_precision_refused_where_matmulnbits_cannot_run(tmp_path, tiny_checkpoint, flags):
+    out = tmp_path / "bundle"
+    proc = subprocess.run([sys.executable, "-m", "specexport.runtime.cli", "build", "--out", str(out), "--model",
+                           str(tiny_checkpoint), "--precision", "int4", *flags], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: int4 weights"), proc.stderr
+    assert lines[0].count(". ") == 0 and "MatMulNBits" in lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unknown_block_size_is_one_sentence():
+    with pytest.raises(SpecExportError, match="power of two"):
+        quantize.spec_for("int4", block_size=48)
+
+
+def test_float_precisions_are_not_quantized():
+    assert quantize.spec_for("fp32") is None and quantize.spec_for("fp16") is None
+
+
+def test_dequantized_weights_round_trip_through_the_packing():
+    w = np.random.default_rng(3).standard_normal((64, 10)).astype(np.float32)
+    for precision in ("int8", "int4"):
+        spec = quantize.spec_for(precision)
+        packed = quantize.quantize_weight(w, spec)
+        assert packed.packed.shape == (10, 2, 32 * spec.bits // 8)
+        np.testing.assert_array_equal(quantize.dequantize(packed, spec.bits, spec.block_size),
+                                      quantize.fake_quantize(w, spec))
+
+
+def test_cli_help_lists_precision():
+    from click.testing import CliRunner
+    from specexport.runtime.cli import main
+
+    result = CliRunner().invoke(main, ["build", "--help"])
+    assert "--precision" in result.output and "int4" in result.output
+
+
+def test_recipe_precision_and_quantize_overrides_are_used(tmp_path, tiny_checkpoint):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('name = "tiny"\n[export]\nexit_layer = 2\nprecision = "int4"\n'
+                      '[export.quantize]\nblock_size = 16\nsymmetric = true\nlm_head = false\n')
+    manifest = build_bundle(tmp_path / "b", recipe=str(recipe), model=str(tiny_checkpoint), context=128,
+                            adapter="none")
+    assert manifest["graph"]["precision"] == "int4"
+    deep = manifest["pieces"]["deep"]["quantization"]
+    assert deep["block_size"] == 16 and deep["symmetric"] is True
+    assert deep["lm_head_quantized"] is False and deep["float_weights"] == ["lm_head"]
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_one_token_calls_equal_rows_of_a_verification_call_bit_for_bit(quantized_bundles, precision):
+    # int8 activations amplify last-bit differences between GQA's one-row and multi-row paths; the
+    # exporter keeps every call multi-row, so splitting a call must not change a single bit
+    manifest = json.loads((quantized_bundles[precision] / "manifest.json").read_text())
+    assert manifest["pieces"]["deep"]["quantization"]["multirow_attention"] == 2
+    deep = load(quantized_bundles[precision]).pieces.deep
+    rng = np.random.default_rng(1)
+    prefix = rng.standard_normal((1, 20, 64)).astype(np.float32)
+    h = rng.standard_normal((1, 6, 64)).astype(np.float32)
+
+    def run(chunks: list[int], start: int = 20) -> np.ndarray:
+        deep.run(prefix, 0)
+        outs, pos = [], start
+        for n in chunks:
+            outs.append(deep.run(h[:, pos - start:pos - start + n], pos, keep=n)["logits"])
+            pos += n
+        return np.concatenate(outs, axis=1)
+
+    whole = run([6])
+    np.testing.assert_array_equal(run([1] * 6), whole)
+    np.testing.assert_array_equal(run([1, 2, 3]), whole)
+    # the last cache slot has no room for the appended row: the call still runs
+    deep.run(rng.standard_normal((1, 255, 64)).astype(np.float32), 0)
+    assert np.isfinite(deep.run(h[:, :1], 255)["logits"]).all()
