@@ -281,7 +281,8 @@ def pruned_vocab(counts: np.ndarray | None, size: int | None) -> np.ndarray | No
 
 
 def save_adapter(adapter: Adapter, out_dir: Path, meta: dict) -> None:
-    state = {k: v.detach().contiguous() for k, v in adapter.state_dict().items()}
+    # fp16 on disk halves what ships in the repository; drafting quality does not notice the rounding
+    state = {k: v.detach().to(torch.float16).contiguous() for k, v in adapter.state_dict().items()}
     save_file(state, str(out_dir / ADAPTER_FILE), metadata={"specexport": json.dumps(
         {k: meta[k] for k in ("target_sha256", "exit_layer", "arch")})})
     (out_dir / META_FILE).write_text(json.dumps({**meta, "config_adapter": asdict(adapter.cfg)}, indent=2) + "\n")
@@ -302,7 +303,7 @@ def load_adapter(path: Path, model, target_sha: str | None = None) -> tuple[Adap
     cfg = AdapterConfig(**meta["config_adapter"])
     rotary = model.model.rotary_emb
     adapter = Adapter(cfg, rotary.inv_freq.numpy(), float(getattr(rotary, "attention_scaling", 1.0)))
-    adapter.load_state_dict(load_file(str(directory / ADAPTER_FILE)))
+    adapter.load_state_dict({k: v.float() for k, v in load_file(str(directory / ADAPTER_FILE)).items()})
     adapter.eval()
     counts = directory / COUNTS_FILE
     meta["token_counts"] = np.load(counts) if counts.is_file() else None

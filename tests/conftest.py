@@ -92,7 +92,7 @@ def exporter_fingerprint() -> str:
     """Changes whenever the exporter or the default recipe does, so the cached bundle is rebuilt."""
     digest = hashlib.sha256()
     for path in sorted([*(REPO / "exporter").glob("*.py"), *(REPO / "recipes").glob("*.toml"),
-                        *(REPO / "recipes").glob("adapters/*")]):
+                        *(REPO / "recipes").glob("adapters/*/*")]):
         digest.update(path.name.encode() + path.read_bytes())
     return digest.hexdigest()[:12]
 
@@ -109,7 +109,7 @@ def default_bundle() -> Path:
     if not (out / "manifest.json").is_file():
         for stale in out.parent.glob("smollm2-*"):  # 650 MB each: keep only the current one
             shutil.rmtree(stale, ignore_errors=True)
-        # the shipped adapter makes this quick; without one, a build would self-distil for an hour
-        shipped = (REPO / "recipes" / "adapters" / "smollm2-135m-l2" / "adapter.json").is_file()
-        build_bundle(out, force=True, adapter="auto" if shipped else "none")
+        # named explicitly so that an adapter which no longer matches the model fails here at once,
+        # instead of 'auto' quietly self-distilling a new one for an hour
+        build_bundle(out, force=True, adapter=str(REPO / "recipes" / "adapters" / "smollm2-135m-l2"))
     return out
