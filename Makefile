@@ -38,7 +38,7 @@ lint: setup
 # subprocess and keeps the models it builds under $(SPECEXPORT_CACHE)/ortgenai (git-ignored).
 VENV_GENAI := .venv-genai
 GENAI_VERSION ?= 0.18.0
-BENCH_ARGS ?=
+BENCH_ARGS ?= --limit 1 --max-new-tokens 128   # the first question of each of the 13 categories (--limit 2: as DESIGN.md measured the peers)
 
 $(VENV_GENAI)/.installed:
 	$(PY) -m venv $(VENV_GENAI)
