@@ -52,3 +52,20 @@ def test_sample_chat_app_streams(tiny_bundles):
                           timeout=300, env={**os.environ})
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.count("tokens/s") == 2
+
+
+def test_sample_tune_draft_length_runs(tiny_bundles):
+    """The eta/gamma sweep sample checks losslessness as it goes and prints one row per setting."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bundle = tiny_bundles("ort", 2, adapter="untrained")
+    script = Path(__file__).resolve().parents[1] / "samples" / "tune_draft_length.py"
+    out = subprocess.run([sys.executable, str(script), str(bundle), "--eta", "0.0,0.5", "--gamma", "2",
+                          "--limit", "2", "--max-new-tokens", "8", "--threads", "1"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    rows = [line.split() for line in out.stdout.splitlines()[1:]]
+    assert [r[:2] for r in rows] == [["0.0", "2"], ["0.5", "2"]]
+    assert all(float(r[2]) >= 1.0 for r in rows)  # tau counts the target's own token
