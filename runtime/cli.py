@@ -172,6 +172,10 @@ def generate(prompt, bundle, max_new_tokens, mode, temperature, top_k, top_p, se
 
     if prompt == "-":
         prompt = sys.stdin.read()
+    if backend == "onnxruntime" and OWNS_PROCESS:
+        from .ort_backend import use_shared_thread_pool
+
+        use_shared_thread_pool(threads)  # one warm thread pool for all pieces
     session = load(bundle, backend=backend, providers=list(providers) or None, threads=threads)
     opts = dict(max_new_tokens=max_new_tokens, mode=mode, temperature=temperature, top_k=top_k, top_p=top_p,
                 seed=seed, stop=list(stop), system=system, chat=not raw, gamma=gamma, eta=eta)
@@ -212,5 +216,17 @@ def _register_subcommands() -> None:
 
 _register_subcommands()
 
-if __name__ == "__main__":
+# True when `specexport` runs as its own process (the console script): then it owns ONNX Runtime and
+# may switch the whole process to one shared thread pool, which ONNX Runtime then imposes on every
+# session. Embedded (click's test runner, an application calling `main`), it leaves that alone.
+OWNS_PROCESS = False
+
+
+def entry() -> None:
+    global OWNS_PROCESS
+    OWNS_PROCESS = True
     main()
+
+
+if __name__ == "__main__":
+    entry()

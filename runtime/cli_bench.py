@@ -85,6 +85,12 @@ def register(main: click.Group) -> None:
                            f" {system}: {record['new_tokens']} tokens"
                            + (f", {tps:.1f} tokens/s" if tps is not None else ""), err=True)
 
+        from . import cli
+        from .bench_machine import default_threads
+        from .ort_backend import use_shared_thread_pool
+
+        if cli.OWNS_PROCESS:  # see runtime/cli.py: only a process of its own may share one thread pool
+            use_shared_thread_pool(cfg.threads or default_threads())
         try:
             report = run_bench(cfg, progress=progress, log=log, total_hook=total)
         finally:
