@@ -34,7 +34,7 @@ from .bench_metrics import KEYS, REFERENCE, SCHEMA, aggregate, compare_to_refere
 from .bench_ortgenai import PRECISIONS as GENAI_PRECISIONS
 from .bench_ortgenai import OrtGenAISystem
 from .bench_questions import DEFAULT_MAX_PROMPT_TOKENS, Question, cut_text, load_questions, resolve_questions
-from .bench_systems import HF_LOOKUP_TOKENS, HFSystem, Skip, SpecExportSystem, System
+from .bench_systems import Skip, SpecExportSystem, System
 from .errors import SpecExportError
 
 if TYPE_CHECKING:
@@ -98,6 +98,8 @@ def make_systems(session: Session, cfg: BenchConfig, threads: int,
         return OrtGenAISystem(checkpoint, eos, p, threads, cfg.genai_python, source_key, log)
 
     for name in dict.fromkeys(cfg.baselines):
+        if name in ("hf", "hf-lookup"):
+            from ..exporter.hf_baseline import HF_LOOKUP_TOKENS, HFSystem  # PyTorch: the exporter's extra
         if name == "hf":
             systems.append(HFSystem(checkpoint, eos, threads=threads))
         elif name == "hf-lookup":

@@ -18,6 +18,7 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
+from specexport.exporter import hf_baseline
 from specexport.runtime import bench_ortgenai, bench_report, bench_systems
 from specexport.runtime.bench import run_interleaved, start_systems
 from specexport.runtime.bench_machine import default_threads
@@ -275,10 +276,10 @@ def test_reference_failure_is_an_error_and_skips_are_reported():
 def test_hf_baseline_skips_with_a_reason(monkeypatch, tmp_path):
     monkeypatch.setattr(bench_systems, "missing", lambda module: module == "torch")
     with pytest.raises(Skip, match=r"torch is not installed \(pip install"):
-        bench_systems.HFSystem(tmp_path, {2}).setup()
+        hf_baseline.HFSystem(tmp_path, {2}).setup()
     monkeypatch.setattr(bench_systems, "missing", lambda module: False)
     with pytest.raises(Skip, match=r"checkpoint .*gone is not on this machine"):
-        bench_systems.HFSystem(tmp_path / "gone", {2}).setup()
+        hf_baseline.HFSystem(tmp_path / "gone", {2}).setup()
 
 
 # -- ONNX Runtime GenAI: interpreter, builder guard, worker protocol ------------------------------------
