@@ -136,19 +136,22 @@ def _batches(feats: Features, idx: list[int], tokens: int, rng: np.random.Genera
         yield batch
 
 
-def soft_ce(adapter: Adapter, lm_head: torch.Tensor, h, hf, target,
-            vocab: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def soft_ce(adapter: Adapter, lm_head: torch.Tensor, h, hf, target, vocab: torch.Tensor | None = None,
+            exact: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Loss and per-token top-1 agreement with the target on the selected positions.
 
     With `vocab` (a pruned draft head) both distributions live on those ids: the teacher's is
-    renormalised over them, which is what a head that cannot name other tokens should learn. Agreement
-    always compares with the target's argmax over the full vocabulary, so it is the real draft hit rate."""
+    renormalised over them, which is what a head that cannot name other tokens should learn. `exact`
+    agreement compares with the target's argmax over the full vocabulary (the real draft hit rate, for
+    evaluation); training steps skip that full-vocabulary matmul and compare within the head."""
     y = adapter.hidden(h)[target]
     head = lm_head if vocab is None else lm_head[vocab]
     with torch.no_grad():
         hf_t = hf[target]
         p = F.softmax(hf_t @ head.T, dim=-1)
-        best = p.argmax(-1) if vocab is None else (hf_t @ lm_head.T).argmax(-1)
+        best = (hf_t @ lm_head.T).argmax(-1) if vocab is not None and exact else p.argmax(-1)
+        if vocab is not None and not exact:
+            best = vocab[best]
     logits = y @ head.T
     loss = -(p * F.log_softmax(logits, dim=-1)).sum(-1).mean()
     guess = logits.argmax(-1) if vocab is None else vocab[logits.argmax(-1)]
@@ -240,7 +243,7 @@ def train(model, sequences: list[tuple[np.ndarray, int]], cfg: TrainConfig, out_
             for group in opt.param_groups:
                 group["lr"] = lr_at(step)
             h, hf, target = _batch(feats, batch)
-            loss, agree = soft_ce(adapter, lm_head, h, hf, target, vocab)
+            loss, agree = soft_ce(adapter, lm_head, h, hf, target, vocab, exact=False)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(adapter.parameters(), 1.0)
