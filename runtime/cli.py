@@ -158,6 +158,8 @@ def train_adapter_cmd(out, recipe, model, exit_layer, arch, steps, lr, prompt_li
 @click.option("--raw", is_flag=True, help="Do not apply the chat template.")
 @click.option("--gamma", type=int, default=None, help="Most draft tokens per step (speculative modes).")
 @click.option("--eta", type=float, default=None, help="Stop drafting below this draft probability.")
+@click.option("--policy", default=None, help="Draft length per step: fixed[:GAMMA] or confidence[:ETA] (Kangaroo's"
+              " threshold; the default, with the bundle's eta).")
 @click.option("--stats", is_flag=True, help="Print tokens/s, mean accepted tokens and timings to stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print text and stats as one JSON object on stdout.")
 @click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]), default="onnxruntime",
@@ -166,7 +168,7 @@ def train_adapter_cmd(out, recipe, model, exit_layer, arch, steps, lr, prompt_li
 @click.option("--provider", "providers", multiple=True,
               help="ONNX Runtime execution provider, in order (default: CPUExecutionProvider).")
 def generate(prompt, bundle, max_new_tokens, mode, temperature, top_k, top_p, seed, stop, system, raw, gamma,
-             eta, stats, as_json, backend, threads, providers) -> None:
+             eta, policy, stats, as_json, backend, threads, providers) -> None:
     """Generate from PROMPT ('-' reads stdin); text streams to stdout, stats and errors to stderr."""
     from .session import load
 
@@ -178,7 +180,8 @@ def generate(prompt, bundle, max_new_tokens, mode, temperature, top_k, top_p, se
         use_shared_thread_pool(threads)  # one warm thread pool for all pieces
     session = load(bundle, backend=backend, providers=list(providers) or None, threads=threads)
     opts = dict(max_new_tokens=max_new_tokens, mode=mode, temperature=temperature, top_k=top_k, top_p=top_p,
-                seed=seed, stop=list(stop), system=system, chat=not raw, gamma=gamma, eta=eta)
+                seed=seed, stop=list(stop), system=system, chat=not raw, gamma=gamma, eta=eta,
+                policy=policy)
     if as_json:
         result = session.generate(prompt, **opts)
         click.echo(json.dumps({"text": result.text, "tokens": result.tokens, "finish_reason": result.finish_reason,

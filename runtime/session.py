@@ -10,10 +10,12 @@ from pathlib import Path
 import numpy as np
 
 from .decode import Pieces, autoregressive
+from .drafters import SelfDrafter
 from .errors import SpecExportError
 from .manifest import Bundle, load_bundle
+from .policies import make_policy
 from .sampling import SamplingParams
-from .speculative import self_speculative
+from .speculative import speculative
 from .stats import Stats
 from .text import Detokenizer, TextCodec, check_prompt_fits
 
@@ -41,6 +43,7 @@ class Options:
     system: str | None = None
     gamma: int | None = None  # speculative settings; None = the bundle's defaults
     eta: float | None = None
+    policy: str | None = None  # draft length: fixed[:gamma] | confidence[:eta] (runtime/policies.py)
 
 
 def _open_pieces(bundle: Bundle, backend: str, providers: list[str] | None, threads: int | None) -> Pieces:
@@ -157,11 +160,17 @@ def _ar_loop(session: Session, ids, params, rng, stats, opts):
     return autoregressive(session.pieces, ids, params, rng, stats)
 
 
-def _self_loop(session: Session, ids, params, rng, stats, opts):
+def _policy(session: Session, opts: Options):
     spec = session.speculative
     gamma = opts.gamma if opts.gamma is not None else int(spec.get("gamma", 6))
     eta = opts.eta if opts.eta is not None else float(spec.get("eta", 0.6))
-    return self_speculative(session.pieces, ids, params, rng, stats, gamma, eta, session.bundle.max_context)
+    return make_policy(opts.policy, gamma, eta)
+
+
+def _self_loop(session: Session, ids, params, rng, stats, opts):
+    stats.mode = "self"
+    return speculative(session.pieces, SelfDrafter(session.pieces), _policy(session, opts), ids, params, rng,
+                       stats, session.bundle.max_context)
 
 
 LOOPS: dict[str, Callable] = {"ar": _ar_loop, "self": _self_loop}

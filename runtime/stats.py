@@ -20,6 +20,13 @@ class Stats:
     lossy: bool = False
     extra: dict = field(default_factory=dict)
 
+    def record_step(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
+        self.steps += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.draft_s += draft_s
+        self.verify_s += verify_s
+
     @property
     def tokens_per_s(self) -> float:
         """New tokens over the whole call, prefill included (as Spec-Bench counts)."""
