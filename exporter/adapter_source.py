@@ -14,9 +14,9 @@ from .train_adapter import META_FILE, TrainConfig, load_adapter, train
 ADAPTER_CHOICES = ("auto", "none", "untrained")
 
 
-def train_for_target(model, checkpoint: Path, target_sha: str, exit_layer: int, settings: dict, out_dir: Path,
-                     command: str = "") -> Path:
-    """Self-distillation end to end: the target answers the shipped prompt set, then the adapter trains."""
+def distilled_sequences(checkpoint: Path, target_sha: str, settings: dict) -> list:
+    """The target's own responses to the shipped training prompts (never Spec-Bench), generated once and
+    cached by (target, prompt count, response length); the adapter and the drafter learn from the same."""
     from .distill_data import generate_responses, load_sequences, read_prompts
 
     prompts_file = Path(settings.get("prompts") or recipes_dir() / "data" / "train_prompts.jsonl")
@@ -24,9 +24,16 @@ def train_for_target(model, checkpoint: Path, target_sha: str, exit_layer: int, 
     data_dir = cache_dir("distill", f"{target_sha[:16]}-n{len(prompts)}-t{settings.get('max_new_tokens', 192)}")
     generate_responses(checkpoint, prompts, data_dir, max_new_tokens=int(settings.get("max_new_tokens", 192)),
                        batch_size=int(settings.get("batch_size", 16)))
+    return load_sequences(data_dir)
+
+
+def train_for_target(model, checkpoint: Path, target_sha: str, exit_layer: int, settings: dict, out_dir: Path,
+                     command: str = "") -> Path:
+    """Self-distillation end to end: the target answers the shipped prompt set, then the adapter trains."""
+    sequences = distilled_sequences(checkpoint, target_sha, settings)
     fields = TrainConfig.__dataclass_fields__
     cfg = TrainConfig(exit_layer=exit_layer, **{k: v for k, v in settings.items() if k in fields and k != "exit_layer"})
-    train(model, load_sequences(data_dir), cfg, out_dir, target_sha, command=command)
+    train(model, sequences, cfg, out_dir, target_sha, command=command)
     return out_dir
 
 

@@ -38,7 +38,8 @@ def versions() -> dict:
     return out
 
 
-def _reference(model, exit_layer: int, adapter=None, vocab_map: np.ndarray | None = None):
+def _reference(model, exit_layer: int, adapter=None, vocab_map: np.ndarray | None = None, drafter=None,
+               drafter_vocab: np.ndarray | None = None):
     import torch
 
     def run(seq: list[int]) -> dict:
@@ -50,13 +51,16 @@ def _reference(model, exit_layer: int, adapter=None, vocab_map: np.ndarray | Non
                 y = adapter.hidden(out.hidden_states[exit_layer])
                 head = model.lm_head.weight if vocab_map is None else model.lm_head.weight[vocab_map]
                 ref["adapter_logits"] = (y @ head.T).numpy()
+            if drafter is not None:  # an independent model: it reads the token ids
+                logits = drafter(torch.tensor([seq])).logits
+                ref["drafter_logits"] = (logits if drafter_vocab is None else logits[..., drafter_vocab]).numpy()
         return ref
 
     return run
 
 
 def _dequantized_reference(model, exit_layer: int, adapter, vocab_map: np.ndarray | None,
-                           spec: quantize.QuantSpec):
+                           spec: quantize.QuantSpec, drafter=None, drafter_vocab: np.ndarray | None = None):
     """PyTorch running the very weights the quantized graphs hold (rounded, back in fp32): what the
     quantized pieces must match closely, whatever the rounding did to the model's quality."""
     import copy
@@ -67,7 +71,11 @@ def _dequantized_reference(model, exit_layer: int, adapter, vocab_map: np.ndarra
     if adapter is not None:
         dq_adapter = copy.deepcopy(adapter)
         quantize.fake_quantize_torch(dq_adapter, spec)
-    return _reference(dq_model, exit_layer, dq_adapter, vocab_map)
+    dq_drafter = None
+    if drafter is not None:
+        dq_drafter = copy.deepcopy(drafter)
+        quantize.fake_quantize_torch(dq_drafter, spec, skip=() if spec.lm_head else (dq_drafter.lm_head,))
+    return _reference(dq_model, exit_layer, dq_adapter, vocab_map, dq_drafter, drafter_vocab)
 
 
 def _check_precision(precision: str | None, flavour: str | None, backend: str | None, target: str | None) -> None:
@@ -138,9 +146,12 @@ def _tensorrt_context(requested: int | None, recipe_context: int, target: dict) 
 def build_bundle(out: Path, recipe: str | None = None, model: str | None = None, exit_layer: int | None = None,
                  context: int | None = None, flavour: str | None = None, force: bool = False,
                  adapter: str | None = None, command: str = "", backend: str | None = None,
-                 target: str | None = None, plan_only: bool = False, precision: str | None = None) -> dict:
+                 target: str | None = None, plan_only: bool = False, precision: str | None = None,
+                 drafter: str | None = None) -> dict:
     """Build a bundle at `out`. `adapter`: 'auto' (shipped, cached or freshly trained), 'none',
-    'untrained' (tests only) or a trained adapter directory. With `backend='tensorrt'` and a `target`
+    'untrained' (tests only) or a trained adapter directory. `drafter`: 'auto' (the recipe's shipped drafter
+    when it was trained for this target, else none), 'none', a `specexport train-drafter` directory or a
+    Hugging Face Llama-family checkpoint directory with the target's tokenizer. With `backend='tensorrt'` and a `target`
     (name, alias or .toml): fp16 standard-flavour pieces checked against the target's TensorRT, its build
     plan and trtexec scripts, and (unless `plan_only`) the engines, built here through TensorRT.
     `precision`: fp32, or int8/int4 weight-only quantization of the ort flavour (default: the recipe's)."""
@@ -164,7 +175,7 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
     qspec = quantize.spec_for(precision, **exp.get("quantize", {}))
     context = int(exp.get("context", 2048))
     opset = OPSET if trt_target is None else trt_target["tensorrt"]["opset"]
-    stages = tqdm(total=6, desc="build", unit="stage", file=sys.stderr, disable=None)
+    stages = tqdm(total=7, desc="build", unit="stage", file=sys.stderr, disable=None)
 
     def for_target(graph):
         # targets whose TensorRT updates caches in place get TensorScatter writes (exporter/trt_graph.py)
@@ -198,6 +209,9 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
                                                                           src["file"]))
         else:
             source = model_source.resolve(model)
+        from .drafter_source import load_drafter_model, locate_drafter
+
+        drafter_choice = locate_drafter(drafter, cfg, source)  # refuses before any piece is written
         stage("loading model")
         torch_model, tokenizer = model_source.load_model(source.checkpoint)
         stages.update()
@@ -249,6 +263,25 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
                              **extra, **qinfo)
         stages.update()
 
+        stage("drafter")
+        drafter_model = drafter_vocab = None
+        if drafter_choice is not None:
+            loaded = load_drafter_model(drafter_choice, torch_model)
+            drafter_model, drafter_vocab = loaded.model, loaded.vocab_map
+            dw = extract(drafter_model, context)
+            graph = llama_graph.build_drafter(dw.dims, dw.rope, dw.embed, dw.layers, dw.final_norm, dw.lm_head,
+                                              flavour, dtype, vocab_map=drafter_vocab)
+            extra = {"dims": dw.dims.as_dict(), **loaded.manifest}
+            if drafter_vocab is not None:
+                np.save(writer.tmp / "drafter_vocab.npy", drafter_vocab)
+                extra["draft_vocab"] = {"file": "drafter_vocab.npy", "size": len(drafter_vocab),
+                                        "note": "the drafter's head keeps these token ids (ascending); logits"
+                                                " are in this order, top_token is a real id"}
+            graph, qinfo = quantized(graph, output_path=False)  # drafts only: verification decides
+            writer.add_piece("drafter", for_target(graph), flavour, layers=None, **extra, **qinfo)
+            del graph, dw
+        stages.update()
+
         if trt_target is not None:  # before the parity check: a target TensorRT cannot parse fails fast
             from .trt_opcheck import require_supported
 
@@ -264,12 +297,15 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
         ]
         if adapter_module is not None:
             checks.append(parity.PieceCheck("adapter", hidden, {"logits": "adapter_logits"}))
+        if drafter_model is not None:
+            checks.append(parity.PieceCheck("drafter", lambda r: r["input_ids"], {"logits": "drafter_logits"}))
         dequantized = None
         if qspec is not None:
-            dequantized = _dequantized_reference(torch_model, ell, adapter_module, vocab_map, qspec)
+            dequantized = _dequantized_reference(torch_model, ell, adapter_module, vocab_map, qspec, drafter_model,
+                                                 drafter_vocab)
         report = parity.run_checks(writer.tmp, writer.pieces, checks, parity_sequences(tokenizer, dims.vocab, context),
-                                   _reference(torch_model, ell, adapter_module, vocab_map), precision, context,
-                                   dequantized=dequantized)
+                                   _reference(torch_model, ell, adapter_module, vocab_map, drafter_model,
+                                              drafter_vocab), precision, context, dequantized=dequantized)
         for name, result in report.items():
             writer.pieces[name]["parity"] = result
         stages.update()

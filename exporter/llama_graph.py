@@ -287,3 +287,29 @@ def build_adapter(dims: Dims, rope: Rope, adapter: AdapterWeights, lm_head: np.n
     b.output(top, "top_token", np.int64, ["batch", "kept"])
     b.output(b.op("ReduceMax", [probs], axes=[-1], keepdims=0), "top_prob", np.float32, ["batch", "kept"])
     return b.model()
+
+
+def build_drafter(dims: Dims, rope: Rope, embed: np.ndarray, layers: list[LayerWeights], final_norm: np.ndarray,
+                  lm_head: np.ndarray, flavour: str, float_dtype=np.float32, vocab_map: np.ndarray | None = None):
+    """An independent small causal LM as one piece with its own KV cache (SpS / SpecDec drafting).
+
+    `dims` and `rope` are the drafter's own (its hidden size and heads may differ from the target's; the
+    tokenizer may not). Outputs are the adapter's: `logits` over the full vocabulary or, with `vocab_map`
+    (FR-Spec), over those ids in that order; `top_token` is always a real token id and `top_prob` its
+    probability under the (pruned) head, so a greedy draft step reads two numbers."""
+    pg = PieceGraph("drafter", dims, rope, flavour, float_dtype)
+    b = pg.b
+    ids = b.input("input_ids", np.int64, ["batch", "seq"])
+    x = b.op("Gather", [b.weight("embed_tokens", embed), ids], axis=0)
+    for layer in layers:
+        x = pg.decoder_layer(x, layer)
+    head = lm_head if vocab_map is None else lm_head[vocab_map]
+    logits = pg.lm_head(pg.rms_norm(x, final_norm), head, keep_last=True)
+    b.output(logits, "logits", np.float32, ["batch", "kept", head.shape[0]])
+    probs = b.op("Softmax", [logits], axis=-1)
+    top = b.op("ArgMax", [logits], axis=-1, keepdims=0)
+    if vocab_map is not None:
+        top = b.op("Gather", [b.weight("vocab_map", vocab_map.astype(np.int64), dtype=np.int64), top], axis=0)
+    b.output(top, "top_token", np.int64, ["batch", "kept"])
+    b.output(b.op("ReduceMax", [probs], axes=[-1], keepdims=0), "top_prob", np.float32, ["batch", "kept"])
+    return b.model()

@@ -1,4 +1,4 @@
-"""`specexport train-adapter`: resolve the target and settings, then self-distil an adapter."""
+"""`specexport train-adapter` / `train-drafter`: resolve the target and settings, then self-distil."""
 
 from __future__ import annotations
 
@@ -9,6 +9,13 @@ from .adapter_source import train_for_target, train_settings
 from .recipe import load_recipe
 
 
+def _target(cfg: dict, model: str | None) -> model_source.ModelSource:
+    if model is None:
+        src = cfg["source"]
+        return model_source.resolve(model_source.default_model_file(src["package"], src["version"], src["file"]))
+    return model_source.resolve(model)
+
+
 def train_adapter_command(out: Path, recipe: str | None = None, model: str | None = None, command: str = "",
                           **overrides) -> dict:
     import json
@@ -16,11 +23,7 @@ def train_adapter_command(out: Path, recipe: str | None = None, model: str | Non
     from .train_adapter import META_FILE
 
     cfg = load_recipe(recipe)
-    if model is None:
-        src = cfg["source"]
-        source = model_source.resolve(model_source.default_model_file(src["package"], src["version"], src["file"]))
-    else:
-        source = model_source.resolve(model)
+    source = _target(cfg, model)
     settings = train_settings(cfg)
     settings.update({k: v for k, v in overrides.items() if v is not None and k != "exit_layer"})
     exit_layer = overrides.get("exit_layer") or int(cfg["export"].get("exit_layer", 2))
@@ -28,3 +31,26 @@ def train_adapter_command(out: Path, recipe: str | None = None, model: str | Non
     train_for_target(torch_model, source.checkpoint, source.origin_sha256, exit_layer, settings, Path(out),
                      command=command)
     return json.loads((Path(out) / META_FILE).read_text())
+
+
+def train_drafter_command(out: Path, recipe: str | None = None, model: str | None = None, command: str = "",
+                          **overrides) -> dict:
+    """Distils a Spec-Drafter on the adapter's data; settings: [drafter.train], then the options given."""
+    from .adapter_source import distilled_sequences
+    from .train_drafter import DrafterTrainConfig, train_drafter
+
+    cfg = load_recipe(recipe)
+    source = _target(cfg, model)
+    # the drafter learns from the adapter's distilled responses: same prompts, same length, same cache
+    data_keys = ("prompts", "prompt_limit", "max_new_tokens", "batch_size")
+    adapter_data = {k: v for k, v in cfg.get("adapter", {}).get("train", {}).items() if k in data_keys}
+    settings = {**adapter_data, **cfg.get("drafter", {}).get("train", {})}
+    settings.update({k: v for k, v in overrides.items() if v is not None})
+    fields = DrafterTrainConfig.__dataclass_fields__
+    train_cfg = DrafterTrainConfig(**{k: v for k, v in settings.items() if k in fields})
+    torch_model, _ = model_source.load_model(source.checkpoint)
+    sequences = distilled_sequences(source.checkpoint, source.origin_sha256, settings)
+    data = f"{len(sequences)} distilled responses ({settings.get('prompt_limit')} prompts of"
+    data += f" recipes/data/train_prompts.jsonl, {settings.get('max_new_tokens', 192)} new tokens)"
+    return train_drafter(torch_model, sequences, train_cfg, Path(out), source.origin_sha256, command=command,
+                         feature_layer=int(cfg["export"].get("exit_layer", 2)), data=data)

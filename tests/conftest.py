@@ -92,7 +92,7 @@ def exporter_fingerprint() -> str:
     """Changes whenever the exporter or the default recipe does, so the cached bundle is rebuilt."""
     digest = hashlib.sha256()
     for path in sorted([*(REPO / "exporter").glob("*.py"), *(REPO / "recipes").glob("*.toml"),
-                        *(REPO / "recipes").glob("adapters/*/*")]):
+                        *(REPO / "recipes").glob("adapters/*/*"), *(REPO / "recipes").glob("drafters/*/*")]):
         digest.update(path.name.encode() + path.read_bytes())
     return digest.hexdigest()[:12]
 
@@ -109,7 +109,8 @@ def default_bundle() -> Path:
     if not (out / "manifest.json").is_file():
         for stale in out.parent.glob("smollm2-*"):  # 650 MB each: keep only the current one
             shutil.rmtree(stale, ignore_errors=True)
-        # named explicitly so that an adapter which no longer matches the model fails here at once,
-        # instead of 'auto' quietly self-distilling a new one for an hour
-        build_bundle(out, force=True, adapter=str(REPO / "recipes" / "adapters" / "smollm2-135m-l2"))
+        # named explicitly so that an adapter (or drafter) which no longer matches the model fails here at
+        # once, instead of 'auto' quietly self-distilling a new adapter for an hour or dropping the drafter
+        build_bundle(out, force=True, adapter=str(REPO / "recipes" / "adapters" / "smollm2-135m-l2"),
+                     drafter=str(REPO / "recipes" / "drafters" / "smollm2-135m-tiny"))
     return out
