@@ -24,6 +24,7 @@ class Pieces:
     adapter: Piece | None = None
     drafter: Piece | None = None
     draft_vocab: np.ndarray | None = None  # token ids of a vocabulary-pruned adapter head (FR-Spec)
+    drafter_vocab: np.ndarray | None = None  # the same for the drafter piece's head
     vocab_size: int = 0
 
 

@@ -4,18 +4,27 @@ Every drafter sees the same thing: `history`, the final tokens so far, whose las
 no cache yet, at position len(history) - 1. `propose` returns a `Draft`; after verification the loop
 calls `advance` with the shallow states of the verified positions and how many of them became final,
 so each drafter brings its own state (caches, pending states) up to date whichever drafter ran.
+
+- `SelfDrafter`: Kangaroo's shallow layers + adapter (the target's own early exit).
+- `ModelDrafter`: an independent small LM, the bundle's `drafter` piece, with its own cache.
+- `LookupDrafter`: prompt lookup: copies what followed the last n-gram's earlier occurrence; no model.
+- `HierDrafter`: HiSpec: the model drafts, the self-draft path screens, deep verifies what survives.
+- `AutoDrafter`: picks one of the others per step by expected tokens per second.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
+from .backend import Piece
 from .decode import Pieces, ids_array
 from .policies import DraftPolicy, DraftSignal
 from .sampling import SamplingParams, probabilities, sample
+from .stats import Stats
 
 
 @dataclass
@@ -23,6 +32,7 @@ class Draft:
     tokens: list[int]
     qs: list[np.ndarray] | None = None  # the draft distributions over the full vocabulary (sampling only)
     hidden: np.ndarray | None = None  # shallow states of history[-1] + tokens, when the drafter made them
+    catchup_s: float = 0.0  # seconds spent reading history the drafter had not seen yet (not a per-step cost)
 
 
 class Drafter(Protocol):
@@ -55,43 +65,26 @@ def choose(out: dict[str, np.ndarray], params: SamplingParams, rng: np.random.Ge
     return sample(q, rng), q, DraftSignal(float(q.max()), logits)
 
 
-class SelfDrafter:
-    """Kangaroo's double early exit: shallow layers + adapter, token by token.
+class AdapterState:
+    """The adapter's cache, for every drafter that runs it: the cache holds positions [0, seen);
+    `pending` holds the shallow states of final positions [seen, pos) it has not read yet (the prompt
+    after a prefill, the last draft after a fully accepted step, positions other drafters verified)."""
 
-    The shallow states it computes on the way are the verifier's input, so `deep` never makes the
-    shallow layers run twice on a token. The adapter's cache holds positions [0, seen); `pending`
-    holds the shallow states of final positions [seen, pos) it has not read yet (the prompt after a
-    prefill, the last draft after a fully accepted step, positions other drafters verified)."""
-
-    name = "self"
-
-    def __init__(self, pieces: Pieces) -> None:
-        self.pieces = pieces
+    def __init__(self, piece: Piece) -> None:
+        self.piece = piece
         self.seen = 0
         self.pending: np.ndarray | None = None
 
-    def start(self, prompt: list[int], hidden: np.ndarray) -> None:
+    def start(self, hidden: np.ndarray) -> None:
         self.seen, self.pending = 0, hidden
 
-    def propose(self, history: list[int], budget: int, policy: DraftPolicy, params: SamplingParams,
-                rng: np.random.Generator) -> Draft:
-        p = self.pieces
-        pos = len(history) - 1
-        drafts, qs, hs = [], [], []
-        x, stop = history[-1], False
-        while True:
-            hs.append(p.shallow.run(ids_array([x]), pos + len(hs))["hidden"])
-            if stop or len(drafts) == budget:
-                break
-            h_in = np.concatenate([self.pending, hs[-1]], axis=1) if self.pending.shape[1] else hs[-1]
-            out = p.adapter.run(h_in, self.seen)
-            self.seen, self.pending = pos + len(hs), self.pending[:, :0]
-            x, q, signal = choose(out, params, rng, p.draft_vocab, p.vocab_size)
-            drafts.append(x)
-            if q is not None:
-                qs.append(q)
-            stop = not policy.keep_going(len(drafts), signal)
-        return Draft(drafts, qs or None, np.concatenate(hs, axis=1))
+    def read(self, h: np.ndarray, pos: int, keep: int = 1) -> dict[str, np.ndarray]:
+        """Run the adapter over the pending states and `h` (the states of positions pos..); returns its
+        outputs for the last `keep` of them."""
+        h_in = np.concatenate([self.pending, h], axis=1) if self.pending.shape[1] else h
+        out = self.piece.run(h_in, self.seen, keep)
+        self.seen, self.pending = pos + h.shape[1], self.pending[:, :0]
+        return out
 
     def advance(self, hidden: np.ndarray, pos: int, final: int) -> None:
         end = pos + final
@@ -99,5 +92,284 @@ class SelfDrafter:
             self.seen, self.pending = end, hidden[:, :0]
         elif self.seen >= pos:
             self.pending = hidden[:, self.seen - pos:final]
-        else:  # this step did not draft with the adapter: its states queue behind the pending ones
+        else:  # this step did not read the adapter: its states queue behind the pending ones
             self.pending = np.concatenate([self.pending, hidden[:, :final]], axis=1)
+
+
+class SelfDrafter:
+    """Kangaroo's double early exit: shallow layers + adapter, token by token.
+
+    The shallow states it computes on the way are the verifier's input, so `deep` never makes the
+    shallow layers run twice on a token."""
+
+    name = "self"
+
+    def __init__(self, pieces: Pieces) -> None:
+        self.pieces = pieces
+        self.adapter = AdapterState(pieces.adapter)
+
+    def start(self, prompt: list[int], hidden: np.ndarray) -> None:
+        self.adapter.start(hidden)
+
+    def propose(self, history: list[int], budget: int, policy: DraftPolicy, params: SamplingParams,
+                rng: np.random.Generator) -> Draft:
+        p = self.pieces
+        pos = len(history) - 1
+        drafts, qs, hs = [], [], []
+        x, stop, catchup = history[-1], False, 0.0
+        while True:
+            hs.append(p.shallow.run(ids_array([x]), pos + len(hs))["hidden"])
+            if stop or len(drafts) == budget:
+                break
+            t0, backlog = time.perf_counter(), self.adapter.pending.shape[1]
+            out = self.adapter.read(hs[-1], pos + len(hs) - 1)
+            if backlog > 1:  # positions other drafters verified (or the prompt): a one-off cost
+                catchup = time.perf_counter() - t0
+            x, q, signal = choose(out, params, rng, p.draft_vocab, p.vocab_size)
+            drafts.append(x)
+            if q is not None:
+                qs.append(q)
+            stop = not policy.keep_going(len(drafts), signal)
+        return Draft(drafts, qs or None, np.concatenate(hs, axis=1), catchup)
+
+    def advance(self, hidden: np.ndarray, pos: int, final: int) -> None:
+        self.adapter.advance(hidden, pos, final)
+
+
+class ModelDrafter:
+    """An independent small LM (the bundle's `drafter` piece) drafting token by token.
+
+    Its cache is tracked by the tokens fed at each position (`fed`): a propose feeds only the history
+    positions not already there with the right token, so after a rejection the positions past the
+    accepted prefix are simply rewritten, and the first propose is the drafter's prefill. `final` counts
+    the positions known final at the last propose (history only grows), so the check stays short."""
+
+    name = "model"
+
+    def __init__(self, pieces: Pieces) -> None:
+        self.piece = pieces.drafter
+        self.vocab_map = pieces.drafter_vocab
+        self.vocab_size = pieces.vocab_size
+        self.fed: list[int] = []
+        self.final = 0
+
+    def start(self, prompt: list[int], hidden: np.ndarray) -> None:
+        self.fed, self.final = [], 0
+
+    def _cached(self, history: list[int]) -> int:
+        """How many leading history positions the cache already holds correctly (history[-1] excluded:
+        its logits are needed, so it is always fed)."""
+        k = min(self.final, len(self.fed))
+        while k < len(self.fed) and k < len(history) and self.fed[k] == history[k]:
+            k += 1
+        return min(k, len(history) - 1)
+
+    def propose(self, history: list[int], budget: int, policy: DraftPolicy, params: SamplingParams,
+                rng: np.random.Generator) -> Draft:
+        at = self._cached(history)
+        feed = history[at:]
+        drafts, qs, catchup = [], [], 0.0
+        while len(drafts) < budget:
+            t0 = time.perf_counter()
+            out = self.piece.run(ids_array(feed), at)
+            if len(feed) > 2:  # more than the last draft + the target's token: the prefill, or other drafters' steps
+                catchup = time.perf_counter() - t0
+            del self.fed[at:]
+            self.fed.extend(feed)
+            x, q, signal = choose(out, params, rng, self.vocab_map, self.vocab_size)
+            drafts.append(x)
+            if q is not None:
+                qs.append(q)
+            if not policy.keep_going(len(drafts), signal):
+                break
+            at, feed = at + len(feed), [x]
+        self.final = len(history)
+        return Draft(drafts, qs or None, catchup_s=catchup)
+
+    def advance(self, hidden: np.ndarray, pos: int, final: int) -> None:
+        pass  # the next propose compares its cache with the history
+
+
+LOOKUP_MAX_TOKENS = 10  # as Hugging Face's prompt_lookup_num_tokens in its examples
+
+
+class LookupDrafter:
+    """Prompt lookup: find the longest n-gram (max_ngram down to min_ngram) ending the history that
+    occurred earlier in prompt + generated text, and propose what followed its most recent earlier
+    occurrence. No model runs, so its drafts cost nothing but verification: it drafts up to its own
+    `max_tokens` (not the policy's gamma, which weighs a model's per-token cost) and never asks the
+    policy to stop early (it has no confidence to report). For sampling its q is a point mass, so
+    verification accepts x with probability p(x) and resamples from p without x.
+
+    An index maps each n-gram to where its latest occurrence ends; it only grows with the history."""
+
+    name = "lookup"
+
+    def __init__(self, vocab_size: int, max_context: int, max_tokens: int = LOOKUP_MAX_TOKENS,
+                 max_ngram: int = 3, min_ngram: int = 1) -> None:
+        self.vocab_size, self.max_context = vocab_size, max_context
+        self.max_tokens, self.max_ngram, self.min_ngram = max_tokens, max_ngram, min_ngram
+        self.start([], None)
+
+    def start(self, prompt: list[int], hidden: np.ndarray | None) -> None:
+        self.ends: dict[tuple[int, ...], int] = {}  # n-gram -> the end position of its latest occurrence
+        self.indexed = 0  # n-grams ending before this position are in `ends`
+
+    def _index(self, history: list[int], upto: int) -> None:
+        for end in range(self.indexed, upto):
+            for n in range(self.min_ngram, min(self.max_ngram, end + 1) + 1):
+                self.ends[tuple(history[end - n + 1:end + 1])] = end
+        self.indexed = max(self.indexed, upto)
+
+    def match(self, history: list[int]) -> tuple[int, int]:
+        """(n, end): the longest n-gram ending the history that occurred before, and where its latest
+        earlier occurrence ends; (0, -1) when there is none."""
+        self._index(history, len(history) - 1)  # not the suffix itself: that occurrence is no evidence
+        for n in range(min(self.max_ngram, len(history) - 1), self.min_ngram - 1, -1):
+            end = self.ends.get(tuple(history[-n:]))
+            if end is not None:
+                return n, end
+        return 0, -1
+
+    def propose(self, history: list[int], budget: int, policy: DraftPolicy, params: SamplingParams,
+                rng: np.random.Generator) -> Draft:
+        n, end = self.match(history)
+        if n == 0:
+            return Draft([])
+        room = self.max_context - len(history)  # every draft needs a cache slot
+        drafts = history[end + 1:end + 1 + min(self.max_tokens, room)]
+        qs = None if params.greedy else [np.eye(1, self.vocab_size, d)[0] for d in drafts]
+        return Draft(drafts, qs)
+
+    def advance(self, hidden: np.ndarray, pos: int, final: int) -> None:
+        pass  # the index catches up with the history on the next match
+
+
+class HierDrafter:
+    """HiSpec-style hierarchy: the model drafter proposes; the self-draft path screens the draft with one
+    `shallow` call over [history[-1], *drafts] (the very states `deep` then verifies) and one `adapter`
+    call over them, and the draft is cut after the first token the adapter disagrees with.
+
+    That first disputed token is still verified: whether a token is verified must not depend on the
+    token itself, or sampling would be biased (keeping x only when x equals the adapter's pick raises
+    x's probability); a cut decided by the tokens before it is a stopping rule, lossless like a policy's
+    `keep_going`. It costs one more verified position and lets the target accept what the adapter
+    doubted."""
+
+    name = "hier"
+
+    def __init__(self, pieces: Pieces, stats: Stats) -> None:
+        self.pieces = pieces
+        self.model = ModelDrafter(pieces)
+        self.adapter = AdapterState(pieces.adapter)
+        self.stats = stats
+        stats.extra.setdefault("screen_cut", 0)
+        stats.extra.setdefault("screened", 0)
+
+    def start(self, prompt: list[int], hidden: np.ndarray) -> None:
+        self.model.start(prompt, hidden)
+        self.adapter.start(hidden)
+
+    def propose(self, history: list[int], budget: int, policy: DraftPolicy, params: SamplingParams,
+                rng: np.random.Generator) -> Draft:
+        draft = self.model.propose(history, budget, policy, params, rng)
+        tokens, n = draft.tokens, len(draft.tokens)
+        if n == 0:
+            return draft
+        pos = len(history) - 1
+        hidden = self.pieces.shallow.run(ids_array([history[-1], *tokens]), pos)["hidden"]
+        keep = n
+        if n > 1:  # the adapter's picks for drafts 1..n-1 (the last one's verdict could cut nothing)
+            picks = self.adapter.read(hidden[:, :n - 1], pos, keep=n - 1)["top_token"][0]
+            disputed = np.flatnonzero(picks != np.asarray(tokens[:n - 1]))
+            keep = int(disputed[0]) + 1 if disputed.size else n
+        self.stats.extra["screened"] += n
+        self.stats.extra["screen_cut"] += n - keep
+        qs = draft.qs[:keep] if draft.qs is not None else None
+        return Draft(tokens[:keep], qs, hidden[:, :keep + 1], draft.catchup_s)
+
+    def advance(self, hidden: np.ndarray, pos: int, final: int) -> None:
+        self.model.advance(hidden, pos, final)
+        self.adapter.advance(hidden, pos, final)
+
+
+@dataclass
+class Estimate:
+    """Running averages of one choice's steps: tokens made per step (the target's own included) and
+    seconds per step (drafting + verification), so tokens per second = tokens / seconds."""
+
+    tokens: float = 0.0
+    seconds: float = 0.0
+    steps: int = 0
+    last_step: int = -1
+    weight: float = 0.25  # how fast old steps are forgotten
+
+    def update(self, tokens: int, seconds: float, step: int) -> None:
+        w = 1.0 if self.steps == 0 else self.weight
+        self.tokens += w * (tokens - self.tokens)
+        self.seconds += w * (seconds - self.seconds)
+        self.steps += 1
+        self.last_step = step
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else float("inf")
+
+
+PLAIN = "ar"  # the choice of drafting nothing: a plain target step
+
+
+class AutoDrafter:
+    """Per step, the choice with the best expected tokens per second among the bundle's drafters, prompt
+    lookup and a plain target step.
+
+    Lookup is a candidate only when it has a match of at least `lookup_min_ngram` tokens (it is free, and
+    on prompts the answer repeats, such as summarization or RAG, its matches win); the others always
+    are. Each choice keeps running averages of its tokens and seconds per step; a choice not tried yet,
+    or not for `revisit` steps, is tried (the text changes, and so do the winners). Every wrapped
+    drafter's `advance` runs every step, so all stay consistent whichever drafted."""
+
+    name = "auto"
+
+    def __init__(self, drafters: list[Drafter], lookup: LookupDrafter, stats: Stats, lookup_min_ngram: int = 2,
+                 revisit: int = 16) -> None:
+        self.drafters = {d.name: d for d in [*drafters, lookup]}
+        self.lookup, self.lookup_min_ngram, self.revisit = lookup, lookup_min_ngram, revisit
+        self.estimates = {name: Estimate() for name in [*self.drafters, PLAIN]}
+        self.steps = stats.extra.setdefault("auto_steps", dict.fromkeys(self.estimates, 0))
+        self.step = 0
+        self.choice: str | None = None  # None: the loop skipped propose (no budget this step)
+
+    def start(self, prompt: list[int], hidden: np.ndarray) -> None:
+        for d in self.drafters.values():
+            d.start(prompt, hidden)
+
+    def pick(self, history: list[int]) -> str:
+        names = [n for n in self.estimates if n != self.lookup.name]
+        if self.lookup.match(history)[0] >= self.lookup_min_ngram:
+            names.append(self.lookup.name)
+        stale = [n for n in names if self.estimates[n].steps == 0
+                 or self.step - self.estimates[n].last_step > self.revisit]
+        if stale:  # untried ones first, then the longest unused
+            return min(stale, key=lambda n: (self.estimates[n].steps > 0, self.estimates[n].last_step))
+        return max(names, key=lambda n: self.estimates[n].rate)
+
+    def propose(self, history: list[int], budget: int, policy: DraftPolicy, params: SamplingParams,
+                rng: np.random.Generator) -> Draft:
+        t0 = time.perf_counter()
+        self.choice = self.pick(history)
+        draft = Draft([]) if self.choice == PLAIN else \
+            self.drafters[self.choice].propose(history, budget, policy, params, rng)
+        self.proposed_at = time.perf_counter()
+        self.draft_s = self.proposed_at - t0 - draft.catchup_s
+        return draft
+
+    def advance(self, hidden: np.ndarray, pos: int, final: int) -> None:
+        if self.choice is not None:
+            seconds = self.draft_s + time.perf_counter() - self.proposed_at  # drafting + verification
+            self.estimates[self.choice].update(final, seconds, self.step)
+            self.steps[self.choice] += 1
+            self.choice = None
+        self.step += 1
+        for d in self.drafters.values():
+            d.advance(hidden, pos, final)

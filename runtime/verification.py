@@ -1,0 +1,64 @@
+"""Verification rules: how the target's logits judge a draft.
+
+`exact` (runtime/speculative.py `verify`) is the default for every drafter and lossless: greedy keeps
+the prefix equal to the target's argmax, sampling is Leviathan et al.'s rejection rule. `specdec` is
+SpecDec's relaxed rule (Xia et al., 2023), an explicit opt-in that trades exactness for acceptance:
+a draft token passes when it is among the target's top-beta tokens and its log-probability is within
+tau of the top token's. Its output is not the target's greedy output (except with beta = 1), so the
+stats are marked lossy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from .errors import SpecExportError
+from .sampling import SamplingParams
+from .speculative import verify
+
+VERIFY_RULES = ("exact", "specdec")
+SPECDEC_BETA = 3
+SPECDEC_TAU = 2.0
+
+
+def rank(logits: np.ndarray, token: int) -> int:
+    """The token's place in the target's order (0 = the argmax); ties go to the lower id, as np.argmax."""
+    value = logits[token]
+    return int((logits > value).sum() + (logits[:token] == value).sum())
+
+
+def specdec_accepts(logits: np.ndarray, token: int, beta: int, tau: float) -> bool:
+    # log p(top1) - log p(token) is a difference of logits: the softmax's normaliser cancels
+    gap = float(logits.max()) - float(logits[token])
+    return rank(logits, token) < beta and gap <= tau
+
+
+def specdec_verify(beta: int, tau: float) -> Callable:
+    """The relaxed rule with `verify`'s signature (greedy only): at the first failing draft the target's
+    argmax is emitted; after a fully accepted draft, the target's bonus argmax."""
+
+    def accept(drafts: list[int], qs, logits: np.ndarray, params: SamplingParams, rng) -> list[int]:
+        for i, d in enumerate(drafts):
+            if not specdec_accepts(logits[i], d, beta, tau):
+                return [*drafts[:i], int(np.argmax(logits[i]))]
+        return [*drafts, int(np.argmax(logits[len(drafts)]))]
+
+    return accept
+
+
+def make_verify(rule: str, params: SamplingParams, beta: int | None = None, tau: float | None = None) -> Callable:
+    """The acceptance function for `speculative(..., accept=...)`, from --verify, --beta and --tau."""
+    if rule == "exact":
+        return verify
+    if rule != "specdec":
+        raise SpecExportError(f"unknown verification rule {rule!r}; use one of {', '.join(VERIFY_RULES)}")
+    if not params.greedy:
+        raise SpecExportError("--verify specdec is for greedy decoding only (under sampling it would change the"
+                              " distribution); use --temperature 0 or --verify exact")
+    beta = SPECDEC_BETA if beta is None else beta
+    tau = SPECDEC_TAU if tau is None else tau
+    if beta < 1 or tau < 0:
+        raise SpecExportError(f"--beta must be at least 1 and --tau at least 0 (got {beta} and {tau})")
+    return specdec_verify(beta, tau)

@@ -1,0 +1,296 @@
+"""The other drafters on tiny random bundles: an independent drafter piece (model), prompt lookup, the
+drafter + self-draft hierarchy and the automatic choice are lossless (greedy: token-identical to AR;
+sampling: the same distribution), SpecDec's relaxed rule is lossy only when asked, and the CLI refuses
+what a bundle cannot do in one sentence."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from scipy import stats as sps
+from specexport.runtime import load
+from specexport.runtime.cli import main
+from specexport.runtime.drafters import LookupDrafter
+from specexport.runtime.policies import FixedPolicy
+from specexport.runtime.sampling import SamplingParams
+from specexport.runtime.verification import rank, specdec_verify
+
+from .test_speculative_sampling import ALPHA
+
+# the tiny model's greedy text falls into runs of one token after some of these, so lookup has matches
+PROMPTS = ["hash table", "write a haiku about the sea", "the quick brown fox", "explain how",
+           "the quick brown fox jumps over the lazy dog. the quick brown fox jumps over the lazy dog. the quick"]
+SETTINGS = [(3, 0.0), (6, 0.6)]  # (gamma, eta)
+NEW_TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def drafter_checkpoint(tiny_checkpoint, tmp_path_factory) -> Path:
+    """A drafter that agrees with the target about half the time: the target with 1% weight noise (an
+    independently initialised model never agrees with a random target, so no draft would be accepted)."""
+    import torch
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    out = tmp_path_factory.mktemp("noisy-drafter")
+    model = LlamaForCausalLM.from_pretrained(tiny_checkpoint)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.add_(torch.randn(p.shape, generator=gen) * p.std() * 0.01)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(tiny_checkpoint).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def drafter_bundle(tiny_checkpoint, drafter_checkpoint, tmp_path_factory):
+    """build(flavour) -> a bundle with an (untrained) adapter and the drafter piece, memoised."""
+    from specexport.exporter.build import build_bundle
+
+    built: dict[str, Path] = {}
+
+    def build(flavour: str = "ort") -> Path:
+        if flavour not in built:
+            out = tmp_path_factory.mktemp("drafter-bundles") / flavour
+            build_bundle(out, model=str(tiny_checkpoint), drafter=str(drafter_checkpoint), adapter="untrained",
+                         exit_layer=2, context=256, flavour=flavour)
+            built[flavour] = out
+        return built[flavour]
+
+    return build
+
+
+@pytest.fixture(scope="module")
+def session(drafter_bundle):
+    return load(drafter_bundle("ort"), threads=1)
+
+
+def ar_tokens(session, prompts=PROMPTS) -> dict[str, list[int]]:
+    return {p: session.generate(p, max_new_tokens=NEW_TOKENS, mode="ar").tokens for p in prompts}
+
+
+# -- greedy: token-identical to AR -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["model", "lookup", "hier", "auto"])
+def test_greedy_equals_ar(session, mode):
+    ar = ar_tokens(session)
+    total = Counter()
+    for prompt in PROMPTS:
+        for gamma, eta in SETTINGS:
+            out = session.generate(prompt, max_new_tokens=NEW_TOKENS, mode=mode, gamma=gamma, eta=eta)
+            assert out.tokens == ar[prompt], (mode, prompt, gamma, eta)
+            s = out.stats
+            assert s.mode == mode and not s.lossy and not out.lossy
+            total.update(drafted=s.drafted, accepted=s.accepted, **s.extra.get("auto_steps", {}),
+                         cut=s.extra.get("screen_cut", 0))
+    # each path was really exercised: drafts accepted and rejected
+    assert 0 < total["accepted"] < total["drafted"], total
+    if mode == "hier":
+        assert total["cut"] > 0  # the untrained adapter disputes drafts, so the screen cut some
+    if mode == "auto":
+        assert total["lookup"] > 0 and total["self"] + total["model"] > 0, total
+
+
+class PrunedHead:
+    """Stand-in for a drafter piece with a vocabulary-pruned head (FR-Spec; `specexport train-drafter
+    --draft-vocab`): the real piece's outputs restricted to the ascending ids `vocab`."""
+
+    def __init__(self, piece, vocab: np.ndarray) -> None:
+        self.piece, self.vocab, self.name = piece, vocab, "drafter"
+
+    def run(self, x, start, keep=1):
+        logits = self.piece.run(x, start, keep)["logits"][..., self.vocab]
+        p = np.exp(logits - logits.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        return {"logits": logits, "top_token": self.vocab[logits.argmax(-1)], "top_prob": p.max(-1)}
+
+
+def test_model_drafter_with_a_pruned_head(drafter_bundle):
+    s = load(drafter_bundle("ort"), threads=1)
+    ar = ar_tokens(s, PROMPTS[:3])
+    vocab = np.unique(np.concatenate([np.arange(0, 300, 3), *map(np.asarray, ar.values())]))
+    s.pieces.drafter, s.pieces.drafter_vocab = PrunedHead(s.pieces.drafter, vocab), vocab
+    accepted = 0
+    for prompt in PROMPTS[:3]:
+        out = s.generate(prompt, max_new_tokens=NEW_TOKENS, mode="model", gamma=3, eta=0.0)
+        assert out.tokens == ar[prompt]
+        accepted += out.stats.accepted
+        sampled = s.generate(prompt, max_new_tokens=NEW_TOKENS, mode="model", gamma=3, temperature=0.7, seed=1)
+        assert sampled.tokens == s.generate(prompt, max_new_tokens=NEW_TOKENS, mode="model", gamma=3,
+                                            temperature=0.7, seed=1).tokens
+    assert accepted > 0
+
+
+def test_lookup_drafts_what_followed_the_latest_match():
+    lookup = LookupDrafter(vocab_size=20, max_context=100, max_tokens=3)
+    greedy, policy, rng = SamplingParams(), FixedPolicy(1), np.random.default_rng(0)
+    history = [1, 2, 3, 4, 9, 2, 3, 5, 6, 7, 8, 2, 3]
+    assert lookup.match(history) == (2, 6)  # "2 3" last ended at index 6 (then 5 6 7), not at index 2
+    assert lookup.propose(history, 1, policy, greedy, rng).tokens == [5, 6, 7]  # its own cap, not the budget
+    assert lookup.propose([*history, 11], 1, policy, greedy, rng).tokens == []  # no match: no draft
+    draft = lookup.propose(history, 1, policy, SamplingParams(temperature=1.0), rng)
+    assert [int(np.argmax(q)) for q in draft.qs] == draft.tokens and all(q.sum() == 1 for q in draft.qs)
+
+
+def test_model_and_hier_on_the_standard_flavour(drafter_bundle):
+    """The standard flavour swaps cache buffers instead of writing in place: rollback must still hold."""
+    s = load(drafter_bundle("standard"), threads=1)
+    ar = ar_tokens(s, PROMPTS[:2])
+    for mode in ("model", "hier", "auto"):
+        for prompt in PROMPTS[:2]:
+            assert s.generate(prompt, max_new_tokens=NEW_TOKENS, mode=mode, gamma=4, eta=0.0).tokens == ar[prompt]
+
+
+def test_auto_without_adapter_or_drafter_is_lookup_and_plain_steps(tiny_bundles):
+    s = load(tiny_bundles("ort", 2, adapter="none"), threads=1)
+    ar = ar_tokens(s)
+    steps = Counter()
+    for prompt in PROMPTS:
+        out = s.generate(prompt, max_new_tokens=NEW_TOKENS, mode="auto")
+        assert out.tokens == ar[prompt]
+        assert set(out.stats.extra["auto_steps"]) == {"lookup", "ar"}
+        steps.update(out.stats.extra["auto_steps"])
+    assert steps["lookup"] > 0 and steps["ar"] > 0
+
+
+def test_context_end_is_respected(tiny_checkpoint, drafter_checkpoint, tmp_path):
+    from specexport.exporter.build import build_bundle
+
+    build_bundle(tmp_path / "b", model=str(tiny_checkpoint), drafter=str(drafter_checkpoint), adapter="untrained",
+                 exit_layer=2, context=48)
+    s = load(tmp_path / "b", threads=1)
+    ids = s.prompt_ids(PROMPTS[0], s.options())
+    ar = s.generate_ids(ids, max_new_tokens=500, mode="ar").tokens
+    for mode in ("model", "lookup", "hier", "auto"):
+        assert s.generate_ids(ids, max_new_tokens=500, mode=mode, gamma=8, eta=0.0).tokens == ar, mode
+
+
+# -- sampling: the target's distribution -------------------------------------------------------------
+#
+# Stated test: chi-square test of homogeneity between the (2nd, 3rd) generated tokens under AR sampling
+# and under speculative sampling with each drafter (1,500 fixed-seed draws each), rejecting at
+# alpha = 0.001 (tests/test_speculative_sampling.py). The prompt ends in the target's own greedy text,
+# which runs into repeats of one token, so lookup has a match (and gets drafts both accepted and
+# rejected) at the first speculative step; the noisy-copy drafter is accepted about half the time.
+
+DRAWS = 1500
+TEMPERATURE = 0.7
+
+
+@pytest.fixture(scope="module")
+def sampling_prompt(session) -> list[int]:
+    ids = session.prompt_ids("hash table", session.options())
+    return ids + session.generate_ids(ids, max_new_tokens=5, mode="ar").tokens
+
+
+def pair_counts(session, ids, mode: str, seed0: int, stats: Counter) -> Counter:
+    pairs = Counter()
+    for seed in range(seed0, seed0 + DRAWS):
+        out = session.generate_ids(ids, max_new_tokens=3, mode=mode, temperature=TEMPERATURE, seed=seed, gamma=3,
+                                   eta=0.0)
+        pairs[tuple(out.tokens[1:3])] += 1  # tokens 2-3 come from speculative steps
+        stats.update(drafted=out.stats.drafted, accepted=out.stats.accepted)
+    return pairs
+
+
+@pytest.fixture(scope="module")
+def ar_pairs(session, sampling_prompt) -> Counter:
+    return pair_counts(session, sampling_prompt, "ar", 0, Counter())
+
+
+def homogeneity_pvalue(a: Counter, b: Counter) -> float:
+    common = [k for k in set(a) | set(b) if a[k] + b[k] >= 20]  # rare pairs pooled into one cell
+    table = np.array([[a[k] for k in common] + [DRAWS - sum(a[k] for k in common)],
+                      [b[k] for k in common] + [DRAWS - sum(b[k] for k in common)]])
+    table = table[:, table.sum(0) > 0]
+    assert table.shape[1] >= 5, "the test needs a spread-out distribution"
+    return sps.chi2_contingency(table).pvalue
+
+
+@pytest.mark.parametrize("mode", ["lookup", "model", "hier"])
+def test_sampling_matches_ar_in_distribution(session, sampling_prompt, ar_pairs, mode):
+    counts = Counter()
+    spec = pair_counts(session, sampling_prompt, mode, 100_000, counts)
+    assert 0 < counts["accepted"] < counts["drafted"], counts  # both verification branches ran
+    assert homogeneity_pvalue(ar_pairs, spec) > ALPHA
+
+
+# -- SpecDec's relaxed verification ------------------------------------------------------------------
+
+
+def test_specdec_rule_on_toy_logits():
+    logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05], [0.25, 0.25, 0.4, 0.1], [0.1, 0.1, 0.1, 0.7]]))
+    assert rank(logits[1], 0) == 1 and rank(logits[1], 1) == 2  # ties ordered by id, as argmax
+    greedy, rng = SamplingParams(), np.random.default_rng(0)
+    strict = specdec_verify(1, 100.0)
+    assert strict([1], None, logits, greedy, rng) == [0]  # beta 1: only the argmax passes
+    assert specdec_verify(2, 1.0)([1, 0], None, logits, greedy, rng) == [1, 0, 3]  # all pass, then the bonus
+    assert specdec_verify(2, 0.4)([1], None, logits, greedy, rng) == [0]  # in the top 2 but log(.5/.3) > 0.4
+    assert specdec_verify(2, 5.0)([1, 1], None, logits, greedy, rng) == [1, 2]  # 2nd draft ranks 3rd: argmax
+    assert specdec_verify(3, 5.0)([1, 1], None, logits, greedy, rng) == [1, 1, 3]
+
+
+def test_specdec_beta_one_is_greedy_and_a_loose_rule_is_lossy(session):
+    ar = ar_tokens(session)
+    exact = {p: session.generate(p, max_new_tokens=NEW_TOKENS, mode="model", gamma=4, eta=0.0) for p in PROMPTS}
+    differs, more = False, 0
+    for prompt in PROMPTS:
+        strict = session.generate(prompt, max_new_tokens=NEW_TOKENS, mode="model", gamma=4, eta=0.0,
+                                  verify="specdec", beta=1, tau=100.0)
+        assert strict.tokens == ar[prompt]  # beta 1 accepts exactly what greedy verification does
+        assert strict.stats.accepted == exact[prompt].stats.accepted
+        assert strict.lossy and strict.stats.lossy and "LOSSY" in strict.stats.summary()
+        loose = session.generate(prompt, max_new_tokens=NEW_TOKENS, mode="model", gamma=4, eta=0.0,
+                                 verify="specdec", beta=20, tau=20.0)
+        assert loose.lossy and loose.stats.lossy
+        more += loose.stats.acceptance_rate > exact[prompt].stats.acceptance_rate
+        differs |= loose.tokens != ar[prompt]
+    # documented divergence: the relaxed rule keeps drafts the target would not have chosen
+    assert differs and more >= len(PROMPTS) - 1
+
+
+# -- refusals, in one sentence -----------------------------------------------------------------------
+
+
+def run_cli(*args: str):
+    return CliRunner().invoke(main, ["generate", *args, "--max-new-tokens", "4"])
+
+
+def assert_one_error(result, *fragments: str) -> None:
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_cli_refusals(tiny_bundles, drafter_bundle):
+    plain = str(tiny_bundles("ort", 2, adapter="none"))
+    assert_one_error(run_cli("--bundle", plain, "--drafter", "model", "hi"), "no drafter piece", "--drafter DIR")
+    assert_one_error(run_cli("--bundle", plain, "--hierarchy", "drafter,self", "hi"), "no drafter or adapter")
+    assert_one_error(run_cli("--bundle", plain, "--verify", "specdec", "--temperature", "0.8", "hi"),
+                     "greedy decoding only")
+    assert_one_error(run_cli("--bundle", plain, "--verify", "specdec", "--mode", "ar", "hi"), "--mode ar")
+    assert_one_error(run_cli("--bundle", plain, "--drafter", "model", "--mode", "self", "hi"), "different modes")
+    assert_one_error(run_cli("--bundle", plain, "--hierarchy", "self,drafter", "hi"), "drafter,self")
+
+
+def test_cli_drafter_alias_and_lossy_json(drafter_bundle):
+    import json
+
+    bundle = str(drafter_bundle("ort"))
+    ar = json.loads(run_cli("--bundle", bundle, "--mode", "ar", "--json", "hash table").stdout)
+    for args in (["--drafter", "model"], ["--drafter", "lookup", "--mode", "lookup"], ["--hierarchy", "drafter,self"]):
+        result = run_cli("--bundle", bundle, *args, "--json", "hash table")
+        assert result.exit_code == 0, result.output
+        out = json.loads(result.stdout)
+        assert out["tokens"] == ar["tokens"] and out["lossy"] is False
+    relaxed = json.loads(run_cli("--bundle", bundle, "--drafter", "model", "--verify", "specdec", "--json",
+                                 "hash table").stdout)
+    assert relaxed["lossy"] is True and relaxed["stats"]["lossy"] is True
