@@ -58,6 +58,8 @@ class BenchConfig:
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS
     modes: list[str] | None = None  # None: every mode the runtime has (those the bundle lacks are skipped)
+    schedules: list[str] | None = None  # with policies: each speculative mode runs under their cross product
+    policies: list[str] | None = None  # (None, None: each mode once, as the session's defaults)
     baselines: list[str] = field(default_factory=lambda: list(DEFAULT_BASELINES))
     warmup: bool = True
     memory: bool = True
@@ -66,27 +68,68 @@ class BenchConfig:
     command: str = ""
 
 
+def thread_pool() -> str:
+    """'shared' when this process runs every ONNX Runtime session in one pool (the specexport commands,
+    unless PEARL runs), else 'per-session'."""
+    import sys
+
+    ort_backend = sys.modules.get(f"{__package__}.ort_backend")
+    return "shared" if getattr(ort_backend, "_shared_pool_threads", None) is not None else "per-session"
+
+
 def _checkpoint(manifest: dict) -> Path | None:
     path = manifest.get("provenance", {}).get("checkpoint")
     return Path(path) if path else None
 
 
-def make_systems(session: Session, cfg: BenchConfig, threads: int,
-                 log: Callable[[str], None] = print) -> tuple[list[System], dict[str, str]]:
-    """The systems to run, reference first, and those known already not to run (name -> reason)."""
+def variants(cfg: BenchConfig) -> list[tuple[str | None, str | None]]:
+    """(schedule, policy) pairs each speculative mode runs under: the cross product of --schedule and
+    --policy, or the session's defaults alone when neither is given."""
+    if cfg.schedules is None and cfg.policies is None:
+        return [(None, None)]
+    return [(s, p) for s in cfg.schedules or ["sequential"] for p in cfg.policies or ["confidence"]]
+
+
+def uses_pearl(cfg: BenchConfig) -> bool:
+    return "pearl" in (cfg.schedules or [])
+
+
+def make_systems(session: Session, cfg: BenchConfig, threads: int, log: Callable[[str], None] = print,
+                 pearl_session: Session | None = None) -> tuple[list[System], dict[str, str]]:
+    """The systems to run, reference first, and those known already not to run (name -> reason).
+    PEARL's systems run in `pearl_session` when given (the bundle opened with pearl_threads)."""
+    from .pearl import pearl_threads
+    from .policies import GOODPUT_MODES
     from .session import LOOPS
 
     skipped: dict[str, str] = {}
     systems: list[System] = [SpecExportSystem(session, "ar", threads)]
+    split = pearl_threads(threads)
+    pearl_note = (f"ONNX Runtime, PEARL: drafter and deep on two Python threads, a thread pool per piece,"
+                  f" intra-op threads: deep {split['deep']}, drafting pieces {split['shallow']}")
     for mode in dict.fromkeys(cfg.modes if cfg.modes is not None else LOOPS):
         if mode == "ar":
             continue
-        try:
-            session.resolve_mode(mode)
-        except SpecExportError as exc:
-            skipped[f"specexport-{mode}"] = str(exc)
-            continue
-        systems.append(SpecExportSystem(session, mode, threads))
+        for schedule, policy in variants(cfg):
+            pearl = schedule == "pearl"
+            system = SpecExportSystem((pearl_session or session) if pearl else session, mode, threads, schedule,
+                                      policy, note=pearl_note if pearl else None)
+            try:
+                session.resolve_mode(mode)
+                runs = mode
+                if pearl:
+                    from .pearl import pearl_mode
+
+                    runs = pearl_mode(mode, session.pieces)
+                    if runs != mode and runs in (cfg.modes or LOOPS):
+                        raise SpecExportError(f"schedule 'pearl' runs mode {mode} as {runs}, which runs already")
+                if (policy or "").startswith("goodput") and runs not in GOODPUT_MODES:
+                    raise SpecExportError(f"the goodput policy has a cost model for modes {', '.join(GOODPUT_MODES)},"
+                                          f" not {runs}")
+            except SpecExportError as exc:
+                skipped[system.name] = str(exc)
+                continue
+            systems.append(system)
 
     manifest = session.bundle.manifest
     checkpoint = _checkpoint(manifest)
@@ -127,6 +170,14 @@ def check_config(cfg: BenchConfig) -> None:
         raise SpecExportError(f"unknown baseline {unknown[0]!r}; use any of {', '.join(BASELINES)} (or none)")
     if cfg.modes and "auto" in cfg.modes:
         raise SpecExportError("--modes takes concrete modes (ar, self, ...), not auto")
+    from .pearl import SCHEDULES
+    from .policies import CostModel, make_policy
+
+    for schedule in cfg.schedules or []:
+        if schedule not in SCHEDULES:
+            raise SpecExportError(f"unknown schedule {schedule!r}; use any of {', '.join(SCHEDULES)}")
+    for policy in cfg.policies or []:  # parsed here so a typo fails before anything loads
+        make_policy(policy, 1, 0.5, cost=lambda gamma_max: CostModel(0.0, 0.0, 0.0))
 
 
 def start_systems(candidates: Sequence[System], skipped: dict[str, str], warmup: tuple[list[int], int] | None,
@@ -229,7 +280,14 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None, log: Callable[
 
     session = load(cfg.bundle, threads=threads)
     prompts = prepare_prompts(session, questions, cfg.max_prompt_tokens)
-    candidates, skipped = make_systems(session, cfg, threads, log)
+    pearl_session = None
+    if uses_pearl(cfg):  # the same bundle again only when PEARL wants other thread counts than `threads`
+        from .pearl import pearl_threads
+
+        split = pearl_threads(threads)
+        if set(split.values()) != {threads}:
+            pearl_session = load(cfg.bundle, threads=split)
+    candidates, skipped = make_systems(session, cfg, threads, log, pearl_session)
     warmup = (prompts[0][0][-WARMUP_PROMPT_TOKENS:], min(WARMUP_NEW_TOKENS, cfg.max_new_tokens)) if cfg.warmup else None
     systems, setup_s = start_systems(candidates, skipped, warmup, log)
     try:
@@ -270,6 +328,7 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None, log: Callable[
             "questions": str(qpath), "categories": list(dict.fromkeys(q.category for q in questions)),
             "limit": cfg.limit, "max_new_tokens": cfg.max_new_tokens, "max_prompt_tokens": cfg.max_prompt_tokens,
             "greedy": True, "batch_size": 1, "warmup": cfg.warmup, "threads": threads,
+            "thread_pool": thread_pool(), "schedules": cfg.schedules, "policies": cfg.policies,
             "reference": REFERENCE, "systems": order,
         },
         "systems": {s.name: {**s.describe(), "setup_s": setup_s.get(s.name)} for s in systems},

@@ -42,6 +42,12 @@ def render_markdown(report: dict) -> str:
     ]
     if report["command"]:
         lines.extend([f"`{report['command']}`", ""])
+    pearl = [labels[s] for s in systems if "pearl" in report["systems"][s].get("note", "").lower()]
+    if pearl:
+        pool = "per-session thread pools" if st.get("thread_pool") != "shared" else "the shared thread pool"
+        lines.extend([f"PEARL ({', '.join(pearl)}) runs the drafter and `deep` side by side on two threads, so this"
+                      f" run used {pool} for every system (the specexport commands otherwise share one pool);"
+                      " the threads of PEARL's pieces are under Systems.", ""])
     lines.extend([
         "## Overall",
         "",

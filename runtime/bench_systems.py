@@ -66,22 +66,26 @@ class System:
 
 
 class SpecExportSystem(System):
-    """One decoding mode of the bundle's runtime session (greedy)."""
+    """One decoding mode of the bundle's runtime session (greedy), optionally with a schedule and a
+    draft-length policy (then named specexport-MODE-SCHEDULE-POLICY)."""
 
     kind = "specexport"
 
-    def __init__(self, session: Session, mode: str, threads: int | None = None) -> None:
+    def __init__(self, session: Session, mode: str, threads: int | None = None, schedule: str | None = None,
+                 policy: str | None = None, note: str | None = None) -> None:
         self.session = session
-        self.mode = mode
-        self.name = f"specexport-{mode}"
-        self.label = "specexport AR" if mode == "ar" else f"specexport {mode}"
+        self.mode, self.schedule, self.policy = mode, schedule, policy
+        variant = [schedule or "sequential", policy or "confidence"] if schedule or policy else []
+        self.name = "-".join(["specexport", mode, *variant])
+        self.label = "specexport AR" if mode == "ar" else " · ".join([f"specexport {mode}", *variant])
         self.precision = session.bundle.manifest.get("graph", {}).get("precision", "fp32")
-        self.note = f"ONNX Runtime, intra-op threads: {threads}" if threads else "ONNX Runtime"
+        self.note = note or (f"ONNX Runtime, intra-op threads: {threads}" if threads else "ONNX Runtime")
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int) -> RunResult:
         t0 = time.perf_counter()
         g = self.session.generate_ids(prompt_ids, max_new_tokens=max_new_tokens, mode=self.mode,
-                                      temperature=0.0, top_k=0, top_p=1.0)
+                                      temperature=0.0, top_k=0, top_p=1.0, schedule=self.schedule,
+                                      policy=self.policy)
         seconds = time.perf_counter() - t0
         s = g.stats
         # drafted/accepted are 0 for AR; make_record turns "nothing drafted" into a null acceptance rate

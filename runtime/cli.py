@@ -69,6 +69,10 @@ def main() -> None:
               help="Kangaroo adapter: 'auto' uses the one shipped or trained earlier for this model and exit"
               " layer, else trains one by self-distillation; 'none' builds without; or a directory written by"
               " `specexport train-adapter`.")
+@click.option("--drafter", default="auto", show_default=True,
+              help="Independent drafter piece: 'auto' uses the recipe's shipped drafter when it was trained for"
+              " this model, else builds without; 'none'; a directory written by `specexport train-drafter`; or a"
+              " Hugging Face Llama-family checkpoint directory with the target's tokenizer.")
 @click.option("--force", is_flag=True, help="Replace an existing bundle at --out.")
 @click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]), default=None,
               help="tensorrt: fp16 standard-flavour pieces, checked against --target's TensorRT, with a build plan,"
@@ -80,8 +84,8 @@ def main() -> None:
               " scripts but build no engines (no TensorRT or GPU needed); build them on the device with"
               " `specexport engines build`.")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON on stdout.")
-def build(out, recipe, model, exit_layer, context, flavour, precision, adapter, force, backend, target, plan_only,
-          as_json) -> None:
+def build(out, recipe, model, exit_layer, context, flavour, precision, adapter, drafter, force, backend, target,
+          plan_only, as_json) -> None:
     """Build a bundle: load the model, cut and export its pieces, check them against PyTorch."""
     try:
         from ..exporter.build import build_bundle
@@ -90,7 +94,7 @@ def build(out, recipe, model, exit_layer, context, flavour, precision, adapter, 
                               " `pip install 'specexport[export]'`") from None
     manifest = build_bundle(out, recipe=recipe, model=model, exit_layer=exit_layer, context=context,
                             flavour=flavour, force=force, adapter=adapter, command=_command(), backend=backend,
-                            target=target, plan_only=plan_only, precision=precision)
+                            target=target, plan_only=plan_only, precision=precision, drafter=drafter)
     if as_json:
         click.echo(json.dumps(manifest, indent=2))
     else:
@@ -142,13 +146,68 @@ def train_adapter_cmd(out, recipe, model, exit_layer, arch, steps, lr, prompt_li
                err=True)
 
 
+@main.command("train-drafter")
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="Directory for the trained drafter.")
+@click.option("--recipe", default=None, help="Recipe whose [drafter.train] settings are the defaults.")
+@click.option("--model", default=None, help="Target checkpoint directory or .gguf (default: the recipe's source).")
+@click.option("--layers", type=int, default=None, help="Decoder layers of the drafter (default: recipe, 2).")
+@click.option("--hidden", type=int, default=None, help="Hidden size of the drafter, in heads of 64 (default: recipe,"
+              " 256).")
+@click.option("--steps", type=int, default=None, help="Optimizer steps.")
+@click.option("--lr", type=float, default=None, help="Peak learning rate (AdamW, cosine decay).")
+@click.option("--prompt-limit", type=int, default=None, help="Use only the first N training prompts.")
+@click.option("--draft-vocab", type=int, default=None, help="FR-Spec: the drafter's head keeps only the N most"
+              " frequent tokens of the distilled responses (0 = the full vocabulary). Default: the recipe's.")
+@click.option("--seed", type=int, default=None, help="Seed for data order and initialisation.")
+@click.option("--threads", type=int, default=None, help="Torch threads (default: recipe, 1; 0 = all cores).")
+def train_drafter_cmd(out, recipe, model, layers, hidden, steps, lr, prompt_limit, draft_vocab, seed,
+                      threads) -> None:
+    """Distil a small independent drafter (SpecDec's Spec-Drafter, autoregressive) from the target on its
+    own responses to the shipped training prompts (never Spec-Bench). It reuses the target's frozen
+    embeddings through learned projections. Resumable; held-out agreement is printed and saved."""
+    try:
+        from ..exporter.train_cli import train_drafter_command
+    except ImportError as exc:
+        raise SpecExportError(f"training needs the exporter extra ({exc.name} is missing); install it with"
+                              " `pip install 'specexport[export]'`") from None
+    meta = train_drafter_command(out, recipe=recipe, model=model, layers=layers, hidden=hidden, steps=steps, lr=lr,
+                                 prompt_limit=prompt_limit, draft_vocab=draft_vocab, seed=seed, threads=threads,
+                                 command=_command())
+    click.echo(f"wrote {out}: held-out top-1 agreement {meta['heldout']['agreement']:.1%} (before training"
+               f" {meta['heldout_before']['agreement']:.1%}; {meta['parameters'] / 1e6:.1f}M parameters)", err=True)
+
+
+MODES = ("auto", "ar", "self", "model", "lookup", "hier")  # runtime/session.py LOOPS (kept light: no import)
+DRAFTER_MODES = ("model", "self", "lookup", "auto")
+HIERARCHIES = {"drafter,self": "hier"}
+VERIFY_RULES = ("exact", "specdec")
+
+
+def generate_mode(mode: str | None, drafter: str | None, hierarchy: str | None) -> str:
+    """The mode from --mode and its aliases --drafter and --hierarchy, which must not disagree."""
+    asked = [(f"--mode {mode}", mode)] if mode else []
+    if drafter:
+        asked.append((f"--drafter {drafter}", drafter))
+    if hierarchy is not None:
+        key = hierarchy.replace(" ", "")
+        if key not in HIERARCHIES:
+            raise SpecExportError(f"--hierarchy {hierarchy!r} is not supported; the one hierarchy is drafter,self"
+                                  " (the drafter piece drafts, the self-draft screens, deep verifies)")
+        asked.append((f"--hierarchy {key}", HIERARCHIES[key]))
+    if len({m for _, m in asked}) > 1:
+        raise SpecExportError(f"{' and '.join(a for a, _ in asked)} ask for different modes; give only one")
+    return asked[0][1] if asked else "auto"
+
+
 @main.command()
 @click.argument("prompt", required=True)
 @click.option("--bundle", required=True, type=click.Path(path_type=Path), help="Bundle directory.")
 @click.option("--max-new-tokens", type=int, default=None, help="Most tokens to generate.")
-@click.option("--mode", type=click.Choice(["auto", "ar", "self"]), default="auto",
-              help="ar: autoregressive; self: Kangaroo self-speculative (shallow + adapter draft, deep"
-              " verifies); auto: self when the bundle has an adapter.")
+@click.option("--mode", type=click.Choice(MODES), default=None,
+              help="ar: autoregressive; self: Kangaroo self-speculative (shallow + adapter draft, deep verifies);"
+              " model: the bundle's drafter piece drafts; lookup: prompt lookup (copies earlier text); hier: the"
+              " drafter drafts, the self-draft screens; auto (default): per step, whichever of the bundle's"
+              " drafters and lookup promises the most tokens/s.")
 @click.option("--temperature", type=float, default=None, help="0 = greedy (default).")
 @click.option("--top-k", type=int, default=None, help="Sample from the k most likely tokens (0 = all).")
 @click.option("--top-p", type=float, default=None, help="Nucleus sampling mass (1.0 = off).")
@@ -158,8 +217,23 @@ def train_adapter_cmd(out, recipe, model, exit_layer, arch, steps, lr, prompt_li
 @click.option("--raw", is_flag=True, help="Do not apply the chat template.")
 @click.option("--gamma", type=int, default=None, help="Most draft tokens per step (speculative modes).")
 @click.option("--eta", type=float, default=None, help="Stop drafting below this draft probability.")
-@click.option("--policy", default=None, help="Draft length per step: fixed[:GAMMA] or confidence[:ETA] (Kangaroo's"
-              " threshold; the default, with the bundle's eta).")
+@click.option("--policy", default=None, help="Draft length per step: fixed[:GAMMA]; confidence[:ETA] (Kangaroo's"
+              " threshold; the default, with the bundle's eta); entropy[:LAMBDA] (AdaEDL: stop when the entropy"
+              " bound on acceptance falls below LAMBDA); goodput[:GAMMA_MAX] (SmartSpec: per step the draft length"
+              " with the most expected tokens per second, from the pieces timed on first use).")
+@click.option("--schedule", type=click.Choice(["sequential", "pearl"]), default="sequential", show_default=True,
+              help="sequential: draft, then verify; pearl: drafter and deep run side by side on two threads"
+              " (PEARL), each piece with a thread pool of its own (not the shared one).")
+@click.option("--drafter", "drafter", type=click.Choice(DRAFTER_MODES), default=None,
+              help="Who drafts: the same as --mode model|self|lookup|auto.")
+@click.option("--hierarchy", default=None, help="Drafters in a hierarchy: drafter,self (the only one: the drafter"
+              " piece drafts, the adapter screens the draft, deep verifies); the same as --mode hier.")
+@click.option("--verify", type=click.Choice(VERIFY_RULES), default="exact", show_default=True,
+              help="exact: lossless; specdec: SpecDec's relaxed rule (greedy only, LOSSY) accepting a draft"
+              " token in the target's top --beta within --tau nats of its top token.")
+@click.option("--beta", type=int, default=None, help="specdec: top-beta candidates (default 3; 1 = exact greedy).")
+@click.option("--tau", type=float, default=None, help="specdec: largest log-probability gap to the top token"
+              " (default 2.0).")
 @click.option("--stats", is_flag=True, help="Print tokens/s, mean accepted tokens and timings to stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print text and stats as one JSON object on stdout.")
 @click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]), default="onnxruntime",
@@ -168,24 +242,31 @@ def train_adapter_cmd(out, recipe, model, exit_layer, arch, steps, lr, prompt_li
 @click.option("--provider", "providers", multiple=True,
               help="ONNX Runtime execution provider, in order (default: CPUExecutionProvider).")
 def generate(prompt, bundle, max_new_tokens, mode, temperature, top_k, top_p, seed, stop, system, raw, gamma,
-             eta, policy, stats, as_json, backend, threads, providers) -> None:
+             eta, policy, schedule, drafter, hierarchy, verify, beta, tau, stats, as_json, backend, threads,
+             providers) -> None:
     """Generate from PROMPT ('-' reads stdin); text streams to stdout, stats and errors to stderr."""
     from .session import load
 
+    mode = generate_mode(mode, drafter, hierarchy)
     if prompt == "-":
         prompt = sys.stdin.read()
-    if backend == "onnxruntime" and OWNS_PROCESS:
+    pieces_threads = threads
+    if schedule == "pearl":  # drafter and deep side by side: a pool per piece (runtime/pearl.py pearl_threads)
+        from .pearl import pearl_threads
+
+        pieces_threads = pearl_threads(threads or os.cpu_count() or 1)
+    elif backend == "onnxruntime" and OWNS_PROCESS:
         from .ort_backend import use_shared_thread_pool
 
         use_shared_thread_pool(threads)  # one warm thread pool for all pieces
-    session = load(bundle, backend=backend, providers=list(providers) or None, threads=threads)
+    session = load(bundle, backend=backend, providers=list(providers) or None, threads=pieces_threads)
     opts = dict(max_new_tokens=max_new_tokens, mode=mode, temperature=temperature, top_k=top_k, top_p=top_p,
                 seed=seed, stop=list(stop), system=system, chat=not raw, gamma=gamma, eta=eta,
-                policy=policy)
+                policy=policy, schedule=schedule, verify=verify, beta=beta, tau=tau)
     if as_json:
         result = session.generate(prompt, **opts)
         click.echo(json.dumps({"text": result.text, "tokens": result.tokens, "finish_reason": result.finish_reason,
-                               "stats": result.stats.as_dict()}))
+                               "lossy": result.lossy, "stats": result.stats.as_dict()}))
     else:
         for delta in session.stream(prompt, **opts):
             click.echo(delta, nl=False)

@@ -28,6 +28,13 @@ def register(main: click.Group) -> None:
                   help="Cut each question to its last N tokens before the chat template.")
     @click.option("--modes", default=None, help="specexport modes, comma-separated (ar always runs, as the"
                   " reference). Default: every mode the runtime has; those the bundle lacks are skipped.")
+    @click.option("--schedule", "schedules", default=None, help="Schedules, comma-separated: sequential (draft, then"
+                  " verify) and pearl (drafter and verifier side by side on two threads, PEARL). With --policy, each"
+                  " speculative mode runs under every schedule x policy, named specexport-MODE-SCHEDULE-POLICY."
+                  " Default: the session's (sequential), names as specexport-MODE. PEARL makes the whole run use"
+                  " per-session thread pools.")
+    @click.option("--policy", "policies", default=None, help="Draft-length policies, comma-separated: fixed[:GAMMA],"
+                  " confidence[:ETA], entropy[:LAMBDA], goodput[:GAMMA_MAX] (see `specexport generate --help`).")
     @click.option("--baselines", default="hf,hf-lookup,ortgenai", show_default=True,
                   help="Peers to run in the same pass: hf (transformers generate, PyTorch fp32), hf-lookup"
                   " (its prompt lookup, 10 tokens), ortgenai (ONNX Runtime GenAI fp32 through its own model"
@@ -44,8 +51,8 @@ def register(main: click.Group) -> None:
     @click.option("--no-warmup", is_flag=True, help="Skip each system's untimed warm-up run.")
     @click.option("--no-memory", is_flag=True, help="Skip the peak-memory probe of `specexport generate`.")
     @click.option("--json", "as_json", is_flag=True, help="Print report.json on stdout.")
-    def bench(bundle, questions, categories, limit, max_new_tokens, max_prompt_tokens, modes, baselines, out,
-              threads, genai_python, no_warmup, no_memory, as_json) -> None:
+    def bench(bundle, questions, categories, limit, max_new_tokens, max_prompt_tokens, modes, schedules, policies,
+              baselines, out, threads, genai_python, no_warmup, no_memory, as_json) -> None:
         """Spec-Bench through the bundle's modes and its peers, interleaved per question; writes
         report.json, report.md and report.png. Baselines whose package is missing are skipped with the
         reason (`make bench-env` installs them).
@@ -53,6 +60,8 @@ def register(main: click.Group) -> None:
         \b
         specexport bench --bundle bundles/smollm2 --limit 2
         specexport bench --bundle bundles/smollm2 --categories qa,rag --baselines hf --max-new-tokens 32
+        specexport bench --bundle bundles/smollm2 --limit 2 --baselines none --schedule sequential,pearl \\
+            --policy confidence,entropy,goodput
         """
         from tqdm import tqdm
 
@@ -62,6 +71,7 @@ def register(main: click.Group) -> None:
         out = out or Path("reports") / Path(bundle).resolve().name
         cfg = BenchConfig(bundle=bundle, questions=questions, categories=_csv(categories), limit=limit,
                           max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens, modes=_csv(modes),
+                          schedules=_csv(schedules), policies=_csv(policies),
                           baselines=_csv(baselines) or [], warmup=not no_warmup, memory=not no_memory,
                           threads=threads, genai_python=genai_python, command=" ".join(["specexport", *sys.argv[1:]]))
         bar = tqdm(total=0, unit="run", file=sys.stderr, dynamic_ncols=True, disable=None)
@@ -86,10 +96,13 @@ def register(main: click.Group) -> None:
                            + (f", {tps:.1f} tokens/s" if tps is not None else ""), err=True)
 
         from . import cli
+        from .bench import uses_pearl
         from .bench_machine import default_threads
         from .ort_backend import use_shared_thread_pool
 
-        if cli.OWNS_PROCESS:  # see runtime/cli.py: only a process of its own may share one thread pool
+        # see runtime/cli.py: only a process of its own may share one thread pool, and PEARL's two threads
+        # need pools of their own (ONNX Runtime would impose the shared one on every session)
+        if cli.OWNS_PROCESS and not uses_pearl(cfg):
             use_shared_thread_pool(cfg.threads or default_threads())
         try:
             report = run_bench(cfg, progress=progress, log=log, total_hook=total)

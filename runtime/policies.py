@@ -4,11 +4,18 @@ A policy answers two questions, both from what is already known, so that every p
 `budget()` before a step (the most drafts; 0 means a plain autoregressive step) and
 `keep_going(n, signal)` after each draft token. `observe` feeds back what the step cost and how much
 of the draft the target accepted, for policies that adapt.
+
+Under PEARL (runtime/pearl.py) `keep_going` runs on the drafter's thread while `budget` and `observe`
+run on the verifier's, so `keep_going` must only read the policy's settings, never its running state.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -85,20 +92,198 @@ class ConfidencePolicy:
         pass
 
 
-POLICY_NAMES = ("fixed", "confidence")
+# AdaEDL's scale of the entropy in its bound (only (1 - lambda)^2 / scale matters: the entropy in nats
+# above which drafting stops, 0.31 here) and lambda from a sweep on the default bundle (SmolLM2-135M, its
+# trained adapter, gamma 3, six prompts x 96 tokens): 0.3 / 0.5 / 0.6 / 0.75 / 0.9 drafted 1.30 / 1.12 /
+# 1.08 / 1.05 / 1.01 tokens per step for tau 1.35 / 1.33 / 1.32 / 1.32 / 1.30, worth 45.3 / 46.2 / 46.4 /
+# 46.6 / 46.4 tokens/s by the measured costs of the pieces (confidence 0.65: 46.0); the wall clock of that
+# busy machine could not tell them apart.
+ENTROPY_SCALE = 0.2
+ENTROPY_LAMBDA = 0.75
 
 
-def make_policy(spec: str | None, gamma: int, eta: float, **context) -> DraftPolicy:
-    """A policy from its command-line form: fixed[:GAMMA] or confidence[:ETA] (None: confidence).
+@dataclass
+class EntropyPolicy:
+    """AdaEDL (Agrawal et al., 2024): stop once the entropy-based lower bound on the draft token's
+    acceptance probability, 1 - sqrt(scale * H) with H the draft distribution's entropy, falls below
+    lambda. Drafters that give only a top probability (prompt lookup) have no entropy: never stop early.
+    Lambda stays fixed here (AdaEDL also moves it with the observed acceptance rate)."""
 
-    `gamma` and `eta` are the bundle's (or the user's) defaults; `context` carries what adaptive
-    policies need (e.g. a cost model) and is ignored by the others."""
-    name, _, arg = (spec or "confidence").partition(":")
+    gamma: int
+    lam: float = ENTROPY_LAMBDA
+    scale: float = ENTROPY_SCALE
+    name: str = "entropy"
+
+    def budget(self) -> int:
+        return self.gamma
+
+    def keep_going(self, drafted: int, signal: DraftSignal) -> bool:
+        if signal.logits is None:
+            return True
+        return 1.0 - math.sqrt(self.scale * signal.entropy) >= self.lam
+
+    def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
+        pass
+
+
+@dataclass
+class CostModel:
+    """Predicted seconds of one step: drafting k tokens costs k * draft_s, verifying n positions
+    (k drafts + the last final token) verify_s + verify_per_token_s * n (a line fitted to measurements)."""
+
+    draft_s: float
+    verify_s: float
+    verify_per_token_s: float
+    measured: dict = field(default_factory=dict)  # the medians the fit came from (seconds), for reports
+
+    def step_s(self, k: int) -> float:
+        return k * self.draft_s + self.verify_s + self.verify_per_token_s * (k + 1)
+
+    @classmethod
+    def measure(cls, draft: Callable[[], object], verify: Callable[[int], object], gamma_max: int,
+                repeats: int = 7) -> CostModel:
+        """Time one draft step and verification of 1..gamma_max + 1 positions (medians of `repeats`, after a
+        warm-up round) and fit the line. The calls take turns, round after round, so a busy moment of the
+        machine slows every size alike instead of tilting the line."""
+        sizes = list(range(1, gamma_max + 2))
+        calls = [draft, *(lambda n=n: verify(n) for n in sizes)]
+        times: list[list[float]] = [[] for _ in calls]
+        for round_ in range(repeats + 1):
+            for call, seconds in zip(calls, times, strict=True):
+                t0 = time.perf_counter()
+                call()
+                if round_:
+                    seconds.append(time.perf_counter() - t0)
+        draft_s, *verify_s = (statistics.median(t) for t in times)
+        slope, intercept = np.polyfit(sizes, verify_s, 1) if len(sizes) > 1 else (0.0, verify_s[0])
+        # a negative slope is measurement noise: verification never gets cheaper with more positions
+        return cls(draft_s, float(intercept) + min(float(slope), 0.0), max(float(slope), 0.0),
+                   {"draft_s": draft_s, "verify_s": dict(zip(sizes, verify_s, strict=True))})
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Tokens one step makes when each of k drafts is accepted with probability alpha, independently, up to
+    the first rejection; the target's own token included: (1 - alpha^(k+1)) / (1 - alpha)."""
+    if alpha >= 1.0:
+        return k + 1.0
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+@dataclass
+class GoodputPolicy:
+    """SmartSpec's goodput (Liu et al., 2024): before each step pick the k in 0..gamma_max with the most
+    expected tokens per predicted second, E(k) / T(k), from the cost model and a running per-token
+    acceptance estimate alpha (an exponential average over every judged draft, starting at `prior`).
+
+    k = 0 is a plain target step, which judges no draft and so would never update alpha: after
+    `probe_every` such steps in a row, one step drafts a single token to look again."""
+
+    gamma_max: int
+    cost: CostModel
+    prior: float = 0.5
+    weight: float = 0.05  # about the last 20 judged drafts: steadier near the threshold than faster weights
+    probe_every: int = 8
+    name: str = "goodput"
+    alpha: float = field(init=False)
+    idle: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        self.alpha = self.prior
+
+    def best(self) -> int:
+        a = min(self.alpha, 0.999)
+        return max(range(self.gamma_max + 1), key=lambda k: expected_tokens(a, k) / self.cost.step_s(k))
+
+    def budget(self) -> int:
+        k = self.best()
+        self.idle = self.idle + 1 if k == 0 else 0
+        if self.idle > self.probe_every:
+            self.idle = 0
+            return 1
+        return k
+
+    def keep_going(self, drafted: int, signal: DraftSignal) -> bool:
+        return True
+
+    def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
+        # the drafts are judged in order until the first rejection: `accepted` successes, then one failure
+        for _ in range(accepted):
+            self.alpha += self.weight * (1.0 - self.alpha)
+        if accepted < drafted:
+            self.alpha -= self.weight * self.alpha
+
+
+POLICY_NAMES = ("fixed", "confidence", "entropy", "goodput")
+POLICY_FORMS = "fixed[:GAMMA], confidence[:ETA], entropy[:LAMBDA] or goodput[:GAMMA_MAX]"
+
+
+def make_policy(spec: str | None, gamma: int, eta: float, cost: Callable[[int], CostModel] | None = None,
+                **context) -> DraftPolicy:
+    """A policy from its command-line form: fixed[:GAMMA], confidence[:ETA], entropy[:LAMBDA] or
+    goodput[:GAMMA_MAX] (None: confidence).
+
+    `gamma` and `eta` are the bundle's (or the user's) defaults (gamma is also entropy's and goodput's most
+    drafts per step); `cost(gamma_max)` returns the cost model goodput needs (measured once, when first
+    asked for); `context` is for future policies and ignored by these."""
+    name, _, arg = (spec or "confidence").strip().partition(":")
+    if name not in POLICY_NAMES:
+        raise SpecExportError(f"unknown draft-length policy {name!r}; use {POLICY_FORMS}")
     try:
-        if name == "fixed":
-            return FixedPolicy(int(arg) if arg else gamma)
-        if name == "confidence":
-            return ConfidencePolicy(gamma, float(arg) if arg else eta)
+        value = (int(arg) if name in ("fixed", "goodput") else float(arg)) if arg else None
     except ValueError:
-        raise SpecExportError(f"policy {spec!r} has a bad number after ':'; e.g. fixed:6 or confidence:0.6") from None
-    raise SpecExportError(f"unknown draft-length policy {name!r}; use one of {', '.join(POLICY_NAMES)}")
+        raise SpecExportError(f"policy {spec!r} has a bad number after ':'; use {POLICY_FORMS}, such as fixed:6"
+                              " or entropy:0.5") from None
+    if name == "fixed":
+        n = gamma if value is None else value
+        _check(n >= 0, spec, "GAMMA must be 0 or more (0: no drafting)")
+        return FixedPolicy(n)
+    if name == "confidence":
+        threshold = eta if value is None else value
+        _check(0.0 <= threshold <= 1.0, spec, "ETA is a probability, between 0 and 1")
+        return ConfidencePolicy(gamma, threshold)
+    if name == "entropy":
+        lam = ENTROPY_LAMBDA if value is None else value
+        _check(lam < 1.0, spec, "LAMBDA bounds an acceptance probability, so it must be below 1")
+        return EntropyPolicy(gamma, lam)
+    gamma_max = gamma if value is None else value
+    _check(gamma_max >= 1, spec, "GAMMA_MAX must be at least 1")
+    if cost is None:
+        raise SpecExportError("the goodput policy needs a cost model of the pieces, which only a loaded session"
+                              " measures; use it through Session.generate or pass cost=")
+    return GoodputPolicy(gamma_max, cost(gamma_max))
+
+
+def _check(ok: bool, spec: str | None, why: str) -> None:
+    if not ok:
+        raise SpecExportError(f"policy {spec!r} is out of range: {why}")
+
+
+GOODPUT_MODES = ("self", "model", "lookup")
+COST_POSITION = 256  # where the pieces are timed: a typical prompt's length (attention grows with it)
+
+
+def measure_cost(pieces, mode: str, gamma_max: int, max_context: int, repeats: int = 5) -> CostModel:
+    """Time `mode`'s pieces for the goodput policy: a draft step (self: shallow + adapter on one token;
+    model: the drafter piece; lookup: free) and a verification of n positions (deep on n states plus the
+    shallow calls that make them). Call it between generations: it writes cache positions near
+    COST_POSITION, which a generation rewrites before it reads them."""
+    from .decode import ids_array
+
+    if mode not in GOODPUT_MODES:
+        raise SpecExportError(f"the goodput policy has a cost model for modes {', '.join(GOODPUT_MODES)}, not"
+                              f" {mode!r}; use another --policy or one of those modes")
+    pos = max(0, min(COST_POSITION, max_context - gamma_max - 2))
+    ids = ids_array([0] * (gamma_max + 1))
+    states = pieces.shallow.run(ids, pos)["hidden"]
+
+    def verify(n: int) -> None:
+        pieces.shallow.run(ids[:, :1 if mode == "self" else n], pos)  # self: the last draft's state only
+        pieces.deep.run(states[:, :n], pos, keep=n)
+
+    def draft() -> None:
+        if mode == "self":
+            pieces.adapter.run(pieces.shallow.run(ids[:, :1], pos)["hidden"], pos)
+        elif mode == "model":
+            pieces.drafter.run(ids[:, :1], pos)
+
+    return CostModel.measure(draft, verify, gamma_max, repeats)

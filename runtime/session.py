@@ -10,14 +10,16 @@ from pathlib import Path
 import numpy as np
 
 from .decode import Pieces, autoregressive
-from .drafters import SelfDrafter
+from .drafters import LOOKUP_MAX_TOKENS, AutoDrafter, Drafter, HierDrafter, LookupDrafter, ModelDrafter, SelfDrafter
 from .errors import SpecExportError
 from .manifest import Bundle, load_bundle
-from .policies import make_policy
+from .pearl import pearl_loop
+from .policies import CostModel, make_policy, measure_cost
 from .sampling import SamplingParams
 from .speculative import speculative
 from .stats import Stats
 from .text import Detokenizer, TextCodec, check_prompt_fits
+from .verification import make_verify
 
 BACKENDS = ("onnxruntime", "tensorrt")
 
@@ -28,12 +30,13 @@ class Generation:
     tokens: list[int]
     stats: Stats
     finish_reason: str
+    lossy: bool = False  # a relaxed verification rule ran: not necessarily the target's own output
 
 
 @dataclass
 class Options:
     max_new_tokens: int = 128
-    mode: str = "auto"  # auto | ar | self
+    mode: str = "auto"  # a LOOPS key: ar | self | model | lookup | hier | auto
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
@@ -43,16 +46,23 @@ class Options:
     system: str | None = None
     gamma: int | None = None  # speculative settings; None = the bundle's defaults
     eta: float | None = None
-    policy: str | None = None  # draft length: fixed[:gamma] | confidence[:eta] (runtime/policies.py)
+    policy: str | None = None  # draft length: fixed | confidence | entropy | goodput (runtime/policies.py)
+    schedule: str = "sequential"  # sequential | pearl: drafter and verifier side by side (runtime/pearl.py)
+    verify: str = "exact"  # exact | specdec (relaxed, greedy only; runtime/verification.py)
+    beta: int | None = None  # specdec: a draft must be in the target's top beta ...
+    tau: float | None = None  # ... and within tau nats of the top token's log-probability
 
 
-def _open_pieces(bundle: Bundle, backend: str, providers: list[str] | None, threads: int | None) -> Pieces:
+def _open_pieces(bundle: Bundle, backend: str, providers: list[str] | None,
+                 threads: int | dict[str, int] | None) -> Pieces:
     if backend == "onnxruntime":
         from .ort_backend import OrtPiece
 
         def open_piece(name: str) -> OrtPiece:
+            # a dict gives each piece its own count (PEARL runs the drafter and `deep` side by side)
+            n = threads.get(name) if isinstance(threads, dict) else threads
             return OrtPiece(name, bundle.piece_path(name), bundle.pieces[name], bundle.max_context,
-                            providers or ["CPUExecutionProvider"], threads)
+                            providers or ["CPUExecutionProvider"], n)
     elif backend == "tensorrt":
         from .trt_backend import open_trt_piece
 
@@ -61,9 +71,13 @@ def _open_pieces(bundle: Bundle, backend: str, providers: list[str] | None, thre
     else:
         raise SpecExportError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
     opened = {name: open_piece(name) for name in bundle.pieces}
-    vocab = bundle.pieces.get("adapter", {}).get("draft_vocab")
-    draft_vocab = np.load(bundle.root / vocab["file"], allow_pickle=False) if vocab else None
-    return Pieces(**opened, draft_vocab=draft_vocab, vocab_size=int(bundle.manifest["model"]["dims"]["vocab"]))
+
+    def pruned_vocab(piece: str) -> np.ndarray | None:  # FR-Spec: the ids a pruned draft head covers
+        vocab = bundle.pieces.get(piece, {}).get("draft_vocab")
+        return np.load(bundle.root / vocab["file"], allow_pickle=False) if vocab else None
+
+    return Pieces(**opened, draft_vocab=pruned_vocab("adapter"), drafter_vocab=pruned_vocab("drafter"),
+                  vocab_size=int(bundle.manifest["model"]["dims"]["vocab"]))
 
 
 class Session:
@@ -74,6 +88,7 @@ class Session:
         self.defaults = bundle.manifest.get("generation", {})
         self.speculative = bundle.manifest.get("speculative", {})
         self.last_stats: Stats | None = None
+        self.costs: dict[tuple[str, int], CostModel] = {}  # the goodput policy's, measured when first asked for
 
     # -- public API -------------------------------------------------------------------------------
 
@@ -104,18 +119,27 @@ class Session:
         reason = "length"
         for _, reason in self._tokens(list(prompt_ids), opts, detok):  # noqa: B007 - the last one counts
             pass
-        return Generation(detok.emitted, detok.ids, self.last_stats, reason)
+        return Generation(detok.emitted, detok.ids, self.last_stats, reason, self.last_stats.lossy)
 
     # -- the loop driver -------------------------------------------------------------------------
 
+    def cost_model(self, mode: str, gamma_max: int) -> CostModel:
+        """The goodput policy's cost model for `mode`: the pieces timed once per session, on first use (a
+        fraction of a second; `load` never pays it)."""
+        key = (mode, gamma_max)
+        if key not in self.costs:
+            self.costs[key] = measure_cost(self.pieces, mode, gamma_max, self.bundle.max_context)
+        return self.costs[key]
+
     def resolve_mode(self, mode: str) -> str:
-        if mode == "auto":
-            return "self" if self.pieces.adapter is not None else "ar"
-        if mode == "self" and self.pieces.adapter is None:
-            raise SpecExportError(f"bundle {self.bundle.root} has no adapter piece, so --mode self is not"
-                                  " available; rebuild with an adapter or use --mode ar")
+        """`mode` when the bundle has the pieces it needs; otherwise one sentence on how to get them."""
         if mode not in LOOPS:
-            raise SpecExportError(f"unknown mode {mode!r}; use one of auto, {', '.join(LOOPS)}")
+            raise SpecExportError(f"unknown mode {mode!r}; use one of {', '.join(LOOPS)}")
+        missing = [p for p in MODE_PIECES.get(mode, ()) if getattr(self.pieces, p, None) is None]
+        if missing:
+            raise SpecExportError(f"bundle {self.bundle.root} has no {' or '.join(missing)} piece, so --mode {mode}"
+                                  f" is not available; rebuild it with {' and '.join(PIECE_FIXES[p] for p in missing)},"
+                                  " or use --mode auto (it uses what the bundle has)")
         return mode
 
     def _loop(self, mode: str, ids: list[int], params: SamplingParams, opts: Options, stats: Stats):
@@ -157,27 +181,65 @@ class Session:
 
 
 def _ar_loop(session: Session, ids, params, rng, stats, opts):
+    if opts.verify != "exact":
+        raise SpecExportError(f"--verify {opts.verify} judges drafts, and --mode ar drafts nothing; use a"
+                              " speculative mode such as --mode auto")
     return autoregressive(session.pieces, ids, params, rng, stats)
 
 
-def _policy(session: Session, opts: Options):
+def _policy(session: Session, opts: Options, mode: str = "self"):
     spec = session.speculative
     gamma = opts.gamma if opts.gamma is not None else int(spec.get("gamma", 6))
     eta = opts.eta if opts.eta is not None else float(spec.get("eta", 0.6))
-    return make_policy(opts.policy, gamma, eta)
+    return make_policy(opts.policy, gamma, eta, cost=lambda gamma_max: session.cost_model(mode, gamma_max))
 
 
-def _self_loop(session: Session, ids, params, rng, stats, opts):
-    stats.mode = "self"
-    return speculative(session.pieces, SelfDrafter(session.pieces), _policy(session, opts), ids, params, rng,
-                       stats, session.bundle.max_context)
+def _lookup(session: Session, opts: Options) -> LookupDrafter:
+    # lookup drafts cost nothing, so it takes its own cap, not the bundle's gamma (an explicit --gamma wins)
+    return LookupDrafter(session.pieces.vocab_size, session.bundle.max_context, opts.gamma or LOOKUP_MAX_TOKENS)
 
 
-LOOPS: dict[str, Callable] = {"ar": _ar_loop, "self": _self_loop}
+def _auto(session: Session, opts: Options, stats: Stats) -> AutoDrafter:
+    p = session.pieces
+    drafters = [*([SelfDrafter(p)] if p.adapter is not None else []),
+                *([ModelDrafter(p)] if p.drafter is not None else [])]
+    return AutoDrafter(drafters, _lookup(session, opts), stats)
+
+
+# mode -> its drafter, made per generation from (session, options, stats)
+DRAFTERS: dict[str, Callable[[Session, Options, Stats], Drafter]] = {
+    "self": lambda session, opts, stats: SelfDrafter(session.pieces),
+    "model": lambda session, opts, stats: ModelDrafter(session.pieces),
+    "lookup": lambda session, opts, stats: _lookup(session, opts),
+    "hier": lambda session, opts, stats: HierDrafter(session.pieces, stats),
+    "auto": _auto,
+}
+MODE_PIECES = {"self": ("adapter",), "model": ("drafter",), "hier": ("drafter", "adapter")}
+PIECE_FIXES = {"adapter": "an adapter (`specexport build --adapter auto`)",
+               "drafter": "a drafter (`specexport build --drafter DIR`, a same-tokenizer checkpoint)"}
+
+
+def _speculative_loop(mode: str) -> Callable:
+    """The LOOPS entry of a speculative mode: the one draft-then-verify loop with that mode's drafter."""
+
+    def loop(session: Session, ids, params, rng, stats, opts):
+        if opts.schedule != "sequential":  # runtime/pearl.py
+            return pearl_loop(session.pieces, mode, opts, lambda m: _policy(session, opts, m), ids, params, rng,
+                              stats, session.bundle.max_context)
+        stats.mode = mode
+        accept = make_verify(opts.verify, params, opts.beta, opts.tau)
+        stats.lossy = opts.verify != "exact"
+        return speculative(session.pieces, DRAFTERS[mode](session, opts, stats), _policy(session, opts, mode),
+                           ids, params, rng, stats, session.bundle.max_context, accept=accept)
+
+    return loop
+
+
+LOOPS: dict[str, Callable] = {"ar": _ar_loop, **{mode: _speculative_loop(mode) for mode in DRAFTERS}}
 
 
 def load(bundle: str | Path, backend: str = "onnxruntime", providers: list[str] | None = None,
-         threads: int | None = None, verify: bool = True) -> Session:
+         threads: int | dict[str, int] | None = None, verify: bool = True) -> Session:
     """Open a bundle: checksums verified, one backend session per piece, caches preallocated."""
     b = load_bundle(bundle, verify=verify)
     return Session(b, _open_pieces(b, backend, providers, threads))

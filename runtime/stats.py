@@ -59,5 +59,9 @@ class Stats:
             parts.append(f"acceptance {self.acceptance_rate:.1%}")
             parts.append(f"draft {self.draft_s:.2f}s / verify {self.verify_s:.2f}s")
         parts.append(f"prefill {self.prefill_s:.2f}s")
+        if self.extra.get("auto_steps"):  # which drafter the automatic choice used, step by step
+            parts.append("steps " + " ".join(f"{k} {v}" for k, v in self.extra["auto_steps"].items() if v))
+        if self.extra.get("screened"):
+            parts.append(f"screen cut {self.extra['screen_cut']} of {self.extra['screened']} drafts")
         line = f"[{self.mode}] " + ", ".join(parts)
         return line + (" (LOSSY: relaxed verification)" if self.lossy else "")

@@ -306,7 +306,15 @@ class TrtPiece:
         cuda_check(self.cudart.cudaMemcpyAsync(buf.ptr, array.ctypes.data, array.nbytes, kind, self.stream),
                    "cudaMemcpyAsync")
 
-    def run(self, x: np.ndarray, start: int, keep: int = 1) -> dict[str, np.ndarray]:
+    def input_ptr(self, name: str) -> int:
+        """The device buffer of input `name` (PEARL's handoff copies shallow states into deep's directly)."""
+        return self._in[name].ptr
+
+    def run(self, x: np.ndarray, start: int, keep: int = 1, device_in: int | None = None,
+            device_out: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+        """`device_in`: the primary input is already at this device address (x then only gives its shape);
+        `device_out`: outputs written to these device addresses instead of the piece's own buffers (the
+        host copies are still returned). Both are for runtime/trt_pearl.py; by default neither is used."""
         n = x.shape[1]
         if start + n > self.max_context:
             raise SpecExportError(f"positions {start}..{start + n - 1} exceed the {self.max_context}-token KV cache")
@@ -323,6 +331,9 @@ class TrtPiece:
                 continue
             value = np.ascontiguousarray(value)
             ctx.set_input_shape(name, value.shape)
+            if name == self.primary.name and device_in is not None:
+                ctx.set_tensor_address(name, device_in)
+                continue
             self._h2d(self._in[name], value)
             ctx.set_tensor_address(name, self._in[name].ptr)
         for past, present, buffers, shape in self._kv:
@@ -330,15 +341,16 @@ class TrtPiece:
             # swap: two distinct buffers (issue 4681); inplace: the one buffer TensorRT's cache update writes into
             ctx.set_tensor_address(past, buffers[0].ptr)
             ctx.set_tensor_address(present, buffers[-1].ptr)
+        out_ptrs = {t.name: (device_out or {}).get(t.name, self._out[t.name].ptr) for t in self.result_specs}
         for t in self.result_specs:
-            ctx.set_tensor_address(t.name, self._out[t.name].ptr)
+            ctx.set_tensor_address(t.name, out_ptrs[t.name])
         if not ctx.execute_async_v3(_handle(self.stream)):
             raise SpecExportError(f"TensorRT failed to run piece {self.name!r}")
         results = {}
         kind = self.cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
         for t in self.result_specs:  # only the small outputs come back; the caches stay on the device
             host = np.empty(tuple(ctx.get_tensor_shape(t.name)), dtype=t.dtype)
-            cuda_check(self.cudart.cudaMemcpyAsync(host.ctypes.data, self._out[t.name].ptr, host.nbytes, kind,
+            cuda_check(self.cudart.cudaMemcpyAsync(host.ctypes.data, out_ptrs[t.name], host.nbytes, kind,
                                                    self.stream), "cudaMemcpyAsync")
             results[t.name] = host
         cuda_check(self.cudart.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")

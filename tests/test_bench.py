@@ -563,7 +563,9 @@ def test_end_to_end_tiny_bundle(tiny_bundles, tmp_path):
     data = json.loads((out / "report.json").read_text())
     assert json.loads(result.stdout) == data
     assert data["settings"]["categories"] == ["qa", "rag"] and data["settings"]["threads"] == 1
-    assert data["settings"]["systems"] == [REFERENCE, "specexport-self", "hf", "hf-lookup"]
+    assert data["settings"]["systems"] == [REFERENCE, "specexport-self", "specexport-lookup", "specexport-auto", "hf",
+                                           "hf-lookup"]
+    assert "no drafter piece" in data["skipped"]["specexport-model"]  # and hier: modes the bundle cannot run
     assert "onnxruntime-genai is not installed" in data["skipped"]["ortgenai-fp32"]
     records = data["records"]
     rag = [r for r in records if r["category"] == "rag"]

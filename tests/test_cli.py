@@ -9,8 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ENV = {**os.environ, "PYTHONWARNINGS": "ignore"}
 
 
@@ -64,7 +62,8 @@ def test_build_generate_inspect_json(tiny_checkpoint, tmp_path):
     assert gen.returncode == 0, gen.stderr
     result = json.loads(gen.stdout)
     assert result["stats"]["new_tokens"] == len(result["tokens"]) <= 8
-    assert result["stats"]["mean_accepted_tokens"] == pytest.approx(1.0)
+    # no adapter or drafter: the default mode (auto) has only prompt lookup and plain steps
+    assert result["stats"]["mode"] == "auto" and result["stats"]["mean_accepted_tokens"] >= 1.0
 
     # streaming mode: text on stdout, stats on stderr
     stream = cli("generate", "--bundle", str(out), "--max-new-tokens", "8", "--stats", "hash table")
