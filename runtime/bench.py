@@ -168,8 +168,6 @@ def check_config(cfg: BenchConfig) -> None:
     unknown = [b for b in cfg.baselines if b not in BASELINES]
     if unknown:
         raise SpecExportError(f"unknown baseline {unknown[0]!r}; use any of {', '.join(BASELINES)} (or none)")
-    if cfg.modes and "auto" in cfg.modes:
-        raise SpecExportError("--modes takes concrete modes (ar, self, ...), not auto")
     from .pearl import SCHEDULES
     from .policies import CostModel, make_policy
 

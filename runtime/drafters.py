@@ -206,7 +206,7 @@ class LookupDrafter:
     name = "lookup"
 
     def __init__(self, vocab_size: int, max_context: int, max_tokens: int = LOOKUP_MAX_TOKENS,
-                 max_ngram: int = 3, min_ngram: int = 1) -> None:
+                 max_ngram: int = 3, min_ngram: int = 2) -> None:
         self.vocab_size, self.max_context = vocab_size, max_context
         self.max_tokens, self.max_ngram, self.min_ngram = max_tokens, max_ngram, min_ngram
         self.start([], None)

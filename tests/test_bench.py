@@ -534,7 +534,7 @@ def test_cli_errors_are_one_sentence(tiny_bundles, tmp_path):
     assert result.exit_code == 1 and "error: unknown category poetry" in result.output
     assert "Traceback" not in result.output
     for args, message in ((["--baselines", "vllm"], "error: unknown baseline 'vllm'"),
-                          (["--modes", "auto"], "error: --modes takes concrete modes"),
+                          (["--policy", "bogus"], "error: unknown draft-length policy 'bogus'"),
                           (["--max-new-tokens", "0"], "error: --max-new-tokens must be at least 1"),
                           (["--max-prompt-tokens", "300"], "error: question 6 is")):
         result = runner.invoke(main, ["bench", "--bundle", str(bundle), "--questions", str(questions),
