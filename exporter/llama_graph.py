@@ -263,6 +263,21 @@ def build_deep(dims: Dims, rope: Rope, layers: list[LayerWeights], final_norm: n
     return pg.b.model()
 
 
+def _draft_head(pg: PieceGraph, normed: str, lm_head: np.ndarray, vocab_map: np.ndarray | None) -> None:
+    """A drafting piece's outputs: `logits` (over `vocab_map`'s ids in that order when pruned), the greedy
+    `top_token` as a real id and its probability `top_prob`, so a greedy draft step reads two numbers."""
+    b = pg.b
+    head = lm_head if vocab_map is None else lm_head[vocab_map]
+    logits = pg.lm_head(normed, head, keep_last=True)
+    b.output(logits, "logits", np.float32, ["batch", "kept", head.shape[0]])
+    probs = b.op("Softmax", [logits], axis=-1)
+    top = b.op("ArgMax", [logits], axis=-1, keepdims=0)
+    if vocab_map is not None:
+        top = b.op("Gather", [b.weight("vocab_map", vocab_map.astype(np.int64), dtype=np.int64), top], axis=0)
+    b.output(top, "top_token", np.int64, ["batch", "kept"])
+    b.output(b.op("ReduceMax", [probs], axes=[-1], keepdims=0), "top_prob", np.float32, ["batch", "kept"])
+
+
 def build_adapter(dims: Dims, rope: Rope, adapter: AdapterWeights, lm_head: np.ndarray, flavour: str,
                   float_dtype=np.float32, mlp: LayerWeights | None = None, vocab_map: np.ndarray | None = None):
     """Kangaroo's adapter (plus an optional MLP: a full decoder block).
@@ -277,15 +292,7 @@ def build_adapter(dims: Dims, rope: Rope, adapter: AdapterWeights, lm_head: np.n
     x = b.op("Add", [h, pg.attention(pg.rms_norm(h, adapter.input_norm), adapter.attn)])
     if mlp is not None:
         x = b.op("Add", [x, pg.mlp(pg.rms_norm(x, mlp.post_norm), mlp)])
-    head = lm_head if vocab_map is None else lm_head[vocab_map]
-    logits = pg.lm_head(pg.rms_norm(x, adapter.output_norm), head, keep_last=True)
-    b.output(logits, "logits", np.float32, ["batch", "kept", head.shape[0]])
-    probs = b.op("Softmax", [logits], axis=-1)
-    top = b.op("ArgMax", [logits], axis=-1, keepdims=0)
-    if vocab_map is not None:
-        top = b.op("Gather", [b.weight("vocab_map", vocab_map.astype(np.int64), dtype=np.int64), top], axis=0)
-    b.output(top, "top_token", np.int64, ["batch", "kept"])
-    b.output(b.op("ReduceMax", [probs], axes=[-1], keepdims=0), "top_prob", np.float32, ["batch", "kept"])
+    _draft_head(pg, pg.rms_norm(x, adapter.output_norm), lm_head, vocab_map)
     return b.model()
 
 
@@ -303,13 +310,5 @@ def build_drafter(dims: Dims, rope: Rope, embed: np.ndarray, layers: list[LayerW
     x = b.op("Gather", [b.weight("embed_tokens", embed), ids], axis=0)
     for layer in layers:
         x = pg.decoder_layer(x, layer)
-    head = lm_head if vocab_map is None else lm_head[vocab_map]
-    logits = pg.lm_head(pg.rms_norm(x, final_norm), head, keep_last=True)
-    b.output(logits, "logits", np.float32, ["batch", "kept", head.shape[0]])
-    probs = b.op("Softmax", [logits], axis=-1)
-    top = b.op("ArgMax", [logits], axis=-1, keepdims=0)
-    if vocab_map is not None:
-        top = b.op("Gather", [b.weight("vocab_map", vocab_map.astype(np.int64), dtype=np.int64), top], axis=0)
-    b.output(top, "top_token", np.int64, ["batch", "kept"])
-    b.output(b.op("ReduceMax", [probs], axes=[-1], keepdims=0), "top_prob", np.float32, ["batch", "kept"])
+    _draft_head(pg, pg.rms_norm(x, final_norm), lm_head, vocab_map)
     return b.model()
