@@ -45,7 +45,8 @@ from .decode import Pieces, ids_array, prefill
 from .drafters import AdapterState, choose
 from .errors import SpecExportError
 from .policies import DraftPolicy, DraftSignal
-from .sampling import SamplingParams, pick, probabilities, sample
+from .sampling import SamplingParams, pick
+from .speculative import judge
 from .stats import Stats
 
 SCHEDULES = ("sequential", "pearl")
@@ -286,26 +287,17 @@ class DraftWorker:
                 self.cv.notify_all()
 
 
-def judge(items: list[Item], logits: np.ndarray, params: SamplingParams, seed: int, pos: int,
-          epoch: int) -> tuple[list[int], int]:
-    """(new final tokens, accepted drafts): logits[i] is the target's view of position pos + i + 1,
-    whose draft is items[i].token. Greedy keeps the drafts equal to the argmax; sampling accepts x ~ q
-    with probability min(1, p(x)/q(x)) and at the first rejection draws from norm(max(0, p - q))."""
-    out = []
+def judge_items(items: list[Item], logits: np.ndarray, params: SamplingParams, seed: int, pos: int,
+                epoch: int) -> tuple[list[int], int]:
+    """(new final tokens, accepted drafts): logits[i] is the target's view of position pos + i + 1, whose
+    draft is items[i].token, judged by the sequential loop's rule with a draw keyed by position. No bonus
+    token: the drafter has already drafted past the last position."""
     for i, item in enumerate(items):
-        d = item.token
-        if params.greedy:
-            target = int(np.argmax(logits[i]))
-            if d != target:
-                return [*out, target], i
-        else:
-            rng = keyed_rng(seed, VERIFY_KEY, pos + i + 1, epoch)
-            p, q = probabilities(logits[i], params), item.q
-            if rng.random() * q[d] >= p[d]:  # reject with probability 1 - min(1, p/q)
-                residual = np.maximum(p - q, 0.0)
-                return [*out, sample(residual / residual.sum(), rng)], i
-        out.append(d)
-    return out, len(items)
+        rng = None if params.greedy else keyed_rng(seed, VERIFY_KEY, pos + i + 1, epoch)
+        instead = judge(item.token, item.q, logits[i], params, rng)
+        if instead is not None:
+            return [*(it.token for it in items[:i]), instead], i
+    return [it.token for it in items], len(items)
 
 
 def check_thread_pools(pieces: Pieces) -> None:
@@ -354,7 +346,7 @@ def pearl(pieces: Pieces, stepper: Stepper, policy: DraftPolicy, prompt: list[in
             t1 = time.perf_counter()
             tokens = [history[-1], *(it.token for it in items[:-1])]
             logits = handoff.deep(items, tokens, pos)
-            new, accepted = judge(items, logits, params, seed, pos, epoch)
+            new, accepted = judge_items(items, logits, params, seed, pos, epoch)
             if accepted < len(items):
                 worker.rollback([*history, *new])  # before yielding, so the drafter restarts at once
             t2 = time.perf_counter()

@@ -23,26 +23,31 @@ from .sampling import SamplingParams, pick, probabilities, sample
 from .stats import Stats
 
 
+def judge(draft: int, q: np.ndarray | None, logits: np.ndarray, params: SamplingParams,
+          rng: np.random.Generator | None) -> int | None:
+    """None when the target accepts `draft` at a position whose logits are `logits`; otherwise the token it
+    emits there instead. Greedy: accept the argmax. Sampling (Leviathan et al.): accept x ~ q with
+    probability min(1, p(x)/q(x)), else draw from norm(max(0, p - q)); this gives exactly p."""
+    if params.greedy:
+        target = int(np.argmax(logits))
+        return None if draft == target else target
+    p = probabilities(logits, params)
+    if rng.random() * q[draft] < p[draft]:
+        return None
+    residual = np.maximum(p - q, 0.0)
+    return sample(residual / residual.sum(), rng)
+
+
 def verify(drafts: list[int], qs: list[np.ndarray] | None, logits: np.ndarray, params: SamplingParams,
            rng: np.random.Generator) -> list[int]:
-    """Accepted drafts + the target's next token. logits[i] is the target's view after drafts[:i].
-
-    Greedy: the longest prefix equal to the target's argmax. Sampling (Leviathan et al.): accept x ~ q
-    with probability min(1, p(x)/q(x)); at the first rejection draw from norm(max(0, p - q)); after a
-    full acceptance draw the bonus token from p. Both give exactly the target's distribution."""
-    out = []
+    """Accepted drafts + the target's next token. logits[i] is the target's view after drafts[:i]: the
+    drafts are judged in order up to the first rejection, whose replacement ends the step; after a full
+    acceptance the bonus token is drawn from the target's last row. Lossless for greedy and sampling."""
     for i, d in enumerate(drafts):
-        if params.greedy:
-            target = int(np.argmax(logits[i]))
-            if d != target:
-                return [*out, target]
-        else:
-            p, q = probabilities(logits[i], params), qs[i]
-            if rng.random() * q[d] >= p[d]:  # reject with probability 1 - min(1, p/q)
-                residual = np.maximum(p - q, 0.0)
-                return [*out, sample(residual / residual.sum(), rng)]
-        out.append(d)
-    return [*out, pick(logits[len(drafts)], params, rng)]
+        instead = judge(d, qs[i] if qs else None, logits[i], params, rng)
+        if instead is not None:
+            return [*drafts[:i], instead]
+    return [*drafts, pick(logits[len(drafts)], params, rng)]
 
 
 def speculative(pieces: Pieces, drafter: Drafter, policy: DraftPolicy, prompt: list[int], params: SamplingParams,
