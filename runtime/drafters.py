@@ -303,6 +303,7 @@ class Estimate:
     steps: int = 0
     last_step: int = -1
     weight: float = 0.25  # how fast old steps are forgotten
+    revisit: int = 16  # steps unused before it is tried again; doubles each time a retry loses
 
     def update(self, tokens: int, seconds: float, step: int) -> None:
         w = 1.0 if self.steps == 0 else self.weight
@@ -326,19 +327,23 @@ class AutoDrafter:
     Lookup is a candidate only when it has a match of at least `lookup_min_ngram` tokens (it is free, and
     on prompts the answer repeats, such as summarization or RAG, its matches win); the others always
     are. Each choice keeps running averages of its tokens and seconds per step; a choice not tried yet,
-    or not for `revisit` steps, is tried (the text changes, and so do the winners). Every wrapped
-    drafter's `advance` runs every step, so all stay consistent whichever drafted."""
+    or not for its revisit interval, is tried (the text changes, and so do the winners). A retry that
+    still loses doubles that choice's interval, up to `max_revisit`, so a clear loser costs a few steps
+    per generation rather than one in every `revisit`; winning resets it. Every wrapped drafter's
+    `advance` runs every step, so all stay consistent whichever drafted."""
 
     name = "auto"
 
     def __init__(self, drafters: list[Drafter], lookup: LookupDrafter, stats: Stats, lookup_min_ngram: int = 2,
-                 revisit: int = 16) -> None:
+                 revisit: int = 16, max_revisit: int = 128) -> None:
         self.drafters = {d.name: d for d in [*drafters, lookup]}
-        self.lookup, self.lookup_min_ngram, self.revisit = lookup, lookup_min_ngram, revisit
-        self.estimates = {name: Estimate() for name in [*self.drafters, PLAIN]}
+        self.lookup, self.lookup_min_ngram = lookup, lookup_min_ngram
+        self.revisit, self.max_revisit = revisit, max_revisit
+        self.estimates = {name: Estimate(revisit=revisit) for name in [*self.drafters, PLAIN]}
         self.steps = stats.extra.setdefault("auto_steps", dict.fromkeys(self.estimates, 0))
         self.step = 0
         self.choice: str | None = None  # None: the loop skipped propose (no budget this step)
+        self.retry = False
 
     def start(self, prompt: list[int], hidden: np.ndarray) -> None:
         for d in self.drafters.values():
@@ -349,10 +354,22 @@ class AutoDrafter:
         if self.lookup.match(history)[0] >= self.lookup_min_ngram:
             names.append(self.lookup.name)
         stale = [n for n in names if self.estimates[n].steps == 0
-                 or self.step - self.estimates[n].last_step > self.revisit]
+                 or self.step - self.estimates[n].last_step > self.estimates[n].revisit]
+        self.retry = bool(stale)
         if stale:  # untried ones first, then the longest unused
             return min(stale, key=lambda n: (self.estimates[n].steps > 0, self.estimates[n].last_step))
         return max(names, key=lambda n: self.estimates[n].rate)
+
+    def record(self, choice: str, tokens: int, seconds: float, retry: bool = False) -> None:
+        """One step of `choice` (`retry`: picked because it was stale, not because it led): update its
+        running averages and its revisit interval."""
+        est = self.estimates[choice]
+        est.update(tokens, seconds, self.step)
+        self.steps[choice] += 1
+        if est.rate >= max(e.rate for e in self.estimates.values() if e.steps):
+            est.revisit = self.revisit
+        elif retry:
+            est.revisit = min(2 * est.revisit, self.max_revisit)
 
     def propose(self, history: list[int], budget: int, policy: DraftPolicy, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
@@ -367,8 +384,7 @@ class AutoDrafter:
     def advance(self, hidden: np.ndarray, pos: int, final: int) -> None:
         if self.choice is not None:
             seconds = self.draft_s + time.perf_counter() - self.proposed_at  # drafting + verification
-            self.estimates[self.choice].update(final, seconds, self.step)
-            self.steps[self.choice] += 1
+            self.record(self.choice, final, seconds, self.retry)
             self.choice = None
         self.step += 1
         for d in self.drafters.values():

@@ -294,3 +294,47 @@ def test_cli_drafter_alias_and_lossy_json(drafter_bundle):
     relaxed = json.loads(run_cli("--bundle", bundle, "--drafter", "model", "--verify", "specdec", "--json",
                                  "hash table").stdout)
     assert relaxed["lossy"] is True and relaxed["stats"]["lossy"] is True
+
+
+def _simulate_auto(costs_at, steps: int, max_revisit: int = 128) -> list[str]:
+    """Drive AutoDrafter's choice alone: `costs_at(step)` maps each choice to (tokens, seconds) per step."""
+    from specexport.runtime.drafters import AutoDrafter
+    from specexport.runtime.stats import Stats
+
+    class Named:  # the choice only reads a drafter's name
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+    auto = AutoDrafter([Named("self"), Named("model")], LookupDrafter(vocab_size=10_000, max_context=10_000),
+                       Stats(mode="auto"), max_revisit=max_revisit)
+    history, picks = [0, 1], []
+    for step in range(steps):
+        choice = auto.pick(history)  # the history never repeats: lookup is never a candidate
+        tokens, seconds = costs_at(step)[choice]
+        auto.record(choice, tokens, seconds, auto.retry)
+        auto.step += 1
+        history.append(len(history))
+        picks.append(choice)
+    return picks
+
+
+def test_auto_backs_off_from_a_clear_loser():
+    """A choice that loses every retry is retried ever less often (its interval doubles up to 128 steps),
+    never dropped; with the interval fixed at 16 steps it would be retried every 17."""
+    costs = {"model": (3, 0.010), "self": (2, 0.012), "ar": (1, 0.008)}
+    backoff = Counter(_simulate_auto(lambda step: costs, 300))
+    fixed = Counter(_simulate_auto(lambda step: costs, 300, max_revisit=16))
+    assert 3 <= backoff["self"] <= 5 and 3 <= backoff["ar"] <= 5, backoff
+    assert fixed["self"] >= 15 and fixed["ar"] >= 15, fixed
+    assert backoff["model"] >= 290
+
+
+def test_auto_follows_a_new_winner_within_the_longest_interval():
+    """When the loser becomes the winner, the next retry finds it (at most 128 + 1 steps later), and it
+    keeps the lead from then on."""
+    before = {"model": (3, 0.010), "self": (2, 0.012), "ar": (1, 0.008)}
+    after = {"model": (1, 0.010), "self": (4, 0.012), "ar": (1, 0.008)}
+    picks = _simulate_auto(lambda step: before if step < 100 else after, 400)
+    switched = next(i for i in range(100, 400) if picks[i] == "self")
+    assert switched <= 100 + 129
+    assert Counter(picks[switched + 20:])["self"] >= 0.9 * len(picks[switched + 20:])
