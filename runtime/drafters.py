@@ -320,17 +320,24 @@ class Estimate:
 PLAIN = "ar"  # the choice of drafting nothing: a plain target step
 
 
+def _drafter(choice: str) -> str:
+    """The drafter behind an auto choice ('lookup:3' -> 'lookup')."""
+    return choice.split(":")[0]
+
+
 class AutoDrafter:
     """Per step, the choice with the best expected tokens per second among the bundle's drafters, prompt
     lookup and a plain target step.
 
     Lookup is a candidate only when it has a match of at least `lookup_min_ngram` tokens (it is free, and
     on prompts the answer repeats, such as summarization or RAG, its matches win); the others always
-    are. Each choice keeps running averages of its tokens and seconds per step; a choice not tried yet,
-    or not for its revisit interval, is tried (the text changes, and so do the winners). A retry that
-    still loses doubles that choice's interval, up to `max_revisit`, so a clear loser costs a few steps
-    per generation rather than one in every `revisit`; winning resets it. Every wrapped drafter's
-    `advance` runs every step, so all stay consistent whichever drafted."""
+    are. Lookup is one choice per match length (`lookup:2`, `lookup:3`), because a 3-token match goes on
+    copying far more often than a 2-token one, and one average over both mixes the two. Each choice
+    keeps running averages of its tokens and seconds per step; a choice not tried yet, or not for its
+    revisit interval, is tried (the text changes, and so do the winners). A retry that still loses
+    doubles that choice's interval, up to `max_revisit`, so a clear loser costs a few steps per
+    generation rather than one in every `revisit`; winning resets it. Every wrapped drafter's `advance`
+    runs every step, so all stay consistent whichever drafted."""
 
     name = "auto"
 
@@ -339,8 +346,10 @@ class AutoDrafter:
         self.drafters = {d.name: d for d in [*drafters, lookup]}
         self.lookup, self.lookup_min_ngram = lookup, lookup_min_ngram
         self.revisit, self.max_revisit = revisit, max_revisit
-        self.estimates = {name: Estimate(revisit=revisit) for name in [*self.drafters, PLAIN]}
-        self.steps = stats.extra.setdefault("auto_steps", dict.fromkeys(self.estimates, 0))
+        lookups = [f"{lookup.name}:{n}" for n in range(lookup_min_ngram, lookup.max_ngram + 1)]
+        choices = [*(d.name for d in drafters), *lookups, PLAIN]
+        self.estimates = {name: Estimate(revisit=revisit) for name in choices}
+        self.steps = stats.extra.setdefault("auto_steps", dict.fromkeys([*self.drafters, PLAIN], 0))
         self.step = 0
         self.choice: str | None = None  # None: the loop skipped propose (no budget this step)
         self.retry = False
@@ -350,9 +359,10 @@ class AutoDrafter:
             d.start(prompt, hidden)
 
     def pick(self, history: list[int]) -> str:
-        names = [n for n in self.estimates if n != self.lookup.name]
-        if self.lookup.match(history)[0] >= self.lookup_min_ngram:
-            names.append(self.lookup.name)
+        names = [n for n in self.estimates if _drafter(n) != self.lookup.name]
+        n = self.lookup.match(history)[0]
+        if n >= self.lookup_min_ngram:
+            names.append(f"{self.lookup.name}:{n}")
         stale = [n for n in names if self.estimates[n].steps == 0
                  or self.step - self.estimates[n].last_step > self.estimates[n].revisit]
         self.retry = bool(stale)
@@ -365,7 +375,7 @@ class AutoDrafter:
         running averages and its revisit interval."""
         est = self.estimates[choice]
         est.update(tokens, seconds, self.step)
-        self.steps[choice] += 1
+        self.steps[_drafter(choice)] += 1
         if est.rate >= max(e.rate for e in self.estimates.values() if e.steps):
             est.revisit = self.revisit
         elif retry:
@@ -376,7 +386,7 @@ class AutoDrafter:
         t0 = time.perf_counter()
         self.choice = self.pick(history)
         draft = Draft([]) if self.choice == PLAIN else \
-            self.drafters[self.choice].propose(history, budget, policy, params, rng)
+            self.drafters[_drafter(self.choice)].propose(history, budget, policy, params, rng)
         self.proposed_at = time.perf_counter()
         self.draft_s = self.proposed_at - t0 - draft.catchup_s
         return draft
