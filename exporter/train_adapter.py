@@ -107,6 +107,31 @@ def compute_features(model, sequences: list[tuple[np.ndarray, int]], exit_layer:
     return Features(h_exit, h_final, prompt_lens)
 
 
+def split_holdout(n: int, holdout: float, seed: int) -> tuple[list[int], list[int], np.random.Generator]:
+    """(held-out, training) sequence indices and the generator that then orders the training batches. The
+    adapter and the drafter call it with the same seed, so they hold out the same sequences."""
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(n)
+    n_hold = max(1, int(n * holdout))
+    return sorted(perm[:n_hold].tolist()), perm[n_hold:].tolist(), rng
+
+
+def response_counts(sequences: list[tuple[np.ndarray, int]], idx: list[int], vocab: int) -> np.ndarray:
+    """How often the target emits each token in the responses of `idx` (FR-Spec's pruned draft head)."""
+    counts = np.zeros(vocab, dtype=np.int64)
+    for j in idx:
+        tokens, plen = sequences[j]
+        counts += np.bincount(np.asarray(tokens[plen:]), minlength=vocab)[:vocab]
+    return counts
+
+
+def cosine_lr(step: int, lr: float, warmup: int, steps: int) -> float:
+    """Linear warm-up over `warmup` steps, then cosine decay to 0 at `steps`."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    return lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, steps - warmup))))
+
+
 def _batch(feats: Features, idx: list[int]):
     """Right-padded tensors and the positions whose next token is a response token."""
     width = max(len(feats.h_exit[j]) for j in idx)
@@ -196,16 +221,8 @@ def train(model, sequences: list[tuple[np.ndarray, int]], cfg: TrainConfig, out_
     if not 1 <= cfg.exit_layer <= dims.layers - 1:
         raise SpecExportError(f"exit layer {cfg.exit_layer} is outside 1..{dims.layers - 1} for this model")
     feats = compute_features(model, sequences, cfg.exit_layer, target_sha)
-    rng = np.random.default_rng(cfg.seed)
-    perm = rng.permutation(len(sequences))
-    n_hold = max(1, int(len(sequences) * cfg.holdout))
-    held, train_idx = sorted(perm[:n_hold].tolist()), perm[n_hold:].tolist()
-
-    # FR-Spec: how often the target emits each token (training responses only), for a pruned draft head
-    counts = np.zeros(dims.vocab, dtype=np.int64)
-    for j in train_idx:
-        tokens, plen = sequences[j]
-        counts += np.bincount(np.asarray(tokens[plen:]), minlength=dims.vocab)[: dims.vocab]
+    held, train_idx, rng = split_holdout(len(sequences), cfg.holdout, cfg.seed)
+    counts = response_counts(sequences, train_idx, dims.vocab)  # training responses only
     vocab_ids = pruned_vocab(counts, cfg.draft_vocab)
     vocab = None if vocab_ids is None else torch.from_numpy(vocab_ids)
 
@@ -226,11 +243,6 @@ def train(model, sequences: list[tuple[np.ndarray, int]], cfg: TrainConfig, out_
             step, history = state["step"], state["history"]
             rng = np.random.default_rng(state["rng_seed"])
 
-    def lr_at(s: int) -> float:
-        if s < cfg.warmup:
-            return cfg.lr * (s + 1) / cfg.warmup
-        return cfg.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (s - cfg.warmup) / max(1, cfg.steps - cfg.warmup))))
-
     before = evaluate(adapter, lm_head, feats, held, cfg.tokens_per_batch, vocab) if step == 0 else history[0]["eval"]
     if step == 0:
         history.append({"step": 0, "eval": before})
@@ -241,7 +253,7 @@ def train(model, sequences: list[tuple[np.ndarray, int]], cfg: TrainConfig, out_
             if step >= cfg.steps:
                 break
             for group in opt.param_groups:
-                group["lr"] = lr_at(step)
+                group["lr"] = cosine_lr(step, cfg.lr, cfg.warmup, cfg.steps)
             h, hf, target = _batch(feats, batch)
             loss, agree = soft_ce(adapter, lm_head, h, hf, target, vocab, exact=False)
             opt.zero_grad(set_to_none=True)

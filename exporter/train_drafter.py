@@ -11,7 +11,6 @@ the target's top-1 over the full vocabulary: what a greedy draft hits.
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -25,7 +24,16 @@ from tqdm import tqdm
 
 from ..runtime.errors import SpecExportError
 from .spec_drafter import DrafterConfig, SpecDrafter, count_parameters
-from .train_adapter import Features, _batches, _seq_digest, compute_features, pruned_vocab
+from .train_adapter import (
+    Features,
+    _batches,
+    _seq_digest,
+    compute_features,
+    cosine_lr,
+    pruned_vocab,
+    response_counts,
+    split_holdout,
+)
 
 DRAFTER_FILE = "drafter.safetensors"
 META_FILE = "drafter.json"
@@ -155,16 +163,9 @@ def train_drafter(model, sequences: list[tuple[np.ndarray, int]], cfg: DrafterTr
     if len(sequences) < 2:
         raise SpecExportError(f"training a drafter needs at least two distilled sequences, got {len(sequences)}")
     feats = compute_features(model, sequences, feature_layer, target_sha)
-    rng = np.random.default_rng(cfg.seed)
-    perm = rng.permutation(len(sequences))
-    n_hold = max(1, int(len(sequences) * cfg.holdout))  # the adapter's split for the same seed
-    held, train_idx = sorted(perm[:n_hold].tolist()), perm[n_hold:].tolist()
-
+    held, train_idx, rng = split_holdout(len(sequences), cfg.holdout, cfg.seed)  # the adapter's split
     vocab_size = int(model.config.vocab_size)
-    counts = np.zeros(vocab_size, dtype=np.int64)
-    for j in train_idx:
-        tokens, plen = sequences[j]
-        counts += np.bincount(np.asarray(tokens[plen:]), minlength=vocab_size)[:vocab_size]
+    counts = response_counts(sequences, train_idx, vocab_size)
     vocab_ids = pruned_vocab(counts, cfg.draft_vocab)
     vocab = None if vocab_ids is None else torch.from_numpy(vocab_ids)
 
@@ -187,11 +188,6 @@ def train_drafter(model, sequences: list[tuple[np.ndarray, int]], cfg: DrafterTr
             step, history, elapsed = state["step"], state["history"], state.get("seconds", 0.0)
             rng = np.random.default_rng(state["rng_seed"])
 
-    def lr_at(s: int) -> float:
-        if s < cfg.warmup:
-            return cfg.lr * (s + 1) / cfg.warmup
-        return cfg.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (s - cfg.warmup) / max(1, cfg.steps - cfg.warmup))))
-
     if step == 0:
         history.append({"step": 0, "eval": heldout.evaluate(drafter, embed, teacher)})
     before = history[0]["eval"]
@@ -203,7 +199,7 @@ def train_drafter(model, sequences: list[tuple[np.ndarray, int]], cfg: DrafterTr
             if step >= cfg.steps:
                 break
             for group in opt.param_groups:
-                group["lr"] = lr_at(step)
+                group["lr"] = cosine_lr(step, cfg.lr, cfg.warmup, cfg.steps)
             loss, agree = soft_ce(drafter, embed, teacher, make_batch(sequences, feats, idx))
             opt.zero_grad(set_to_none=True)
             loss.backward()

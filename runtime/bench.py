@@ -69,12 +69,10 @@ class BenchConfig:
 
 
 def thread_pool() -> str:
-    """'shared' when this process runs every ONNX Runtime session in one pool (the specexport commands,
-    unless PEARL runs), else 'per-session'."""
-    import sys
+    """'shared' when this process runs every ONNX Runtime session in one pool, else 'per-session'."""
+    from .pearl import shared_pool_in_use
 
-    ort_backend = sys.modules.get(f"{__package__}.ort_backend")
-    return "shared" if getattr(ort_backend, "_shared_pool_threads", None) is not None else "per-session"
+    return "shared" if shared_pool_in_use() else "per-session"
 
 
 def _checkpoint(manifest: dict) -> Path | None:
@@ -94,10 +92,11 @@ def uses_pearl(cfg: BenchConfig) -> bool:
     return "pearl" in (cfg.schedules or [])
 
 
-def make_systems(session: Session, cfg: BenchConfig, threads: int, log: Callable[[str], None] = print,
-                 pearl_session: Session | None = None) -> tuple[list[System], dict[str, str]]:
+def make_systems(session: Session, cfg: BenchConfig, threads: int,
+                 log: Callable[[str], None] = print) -> tuple[list[System], dict[str, str]]:
     """The systems to run, reference first, and those known already not to run (name -> reason).
-    PEARL's systems run in `pearl_session` when given (the bundle opened with pearl_threads)."""
+    PEARL's systems share the session: pearl_threads gives every piece all `threads`, and a run with
+    PEARL opens the pieces with pools of their own (runtime/cli_bench.py)."""
     from .pearl import pearl_threads
     from .policies import GOODPUT_MODES
     from .session import LOOPS
@@ -112,8 +111,7 @@ def make_systems(session: Session, cfg: BenchConfig, threads: int, log: Callable
             continue
         for schedule, policy in variants(cfg):
             pearl = schedule == "pearl"
-            system = SpecExportSystem((pearl_session or session) if pearl else session, mode, threads, schedule,
-                                      policy, note=pearl_note if pearl else None)
+            system = SpecExportSystem(session, mode, threads, schedule, policy, note=pearl_note if pearl else None)
             try:
                 session.resolve_mode(mode)
                 runs = mode
@@ -168,7 +166,7 @@ def check_config(cfg: BenchConfig) -> None:
     unknown = [b for b in cfg.baselines if b not in BASELINES]
     if unknown:
         raise SpecExportError(f"unknown baseline {unknown[0]!r}; use any of {', '.join(BASELINES)} (or none)")
-    from .pearl import SCHEDULES
+    from .choices import SCHEDULES
     from .policies import CostModel, make_policy
 
     for schedule in cfg.schedules or []:
@@ -278,14 +276,7 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None, log: Callable[
 
     session = load(cfg.bundle, threads=threads)
     prompts = prepare_prompts(session, questions, cfg.max_prompt_tokens)
-    pearl_session = None
-    if uses_pearl(cfg):  # the same bundle again only when PEARL wants other thread counts than `threads`
-        from .pearl import pearl_threads
-
-        split = pearl_threads(threads)
-        if set(split.values()) != {threads}:
-            pearl_session = load(cfg.bundle, threads=split)
-    candidates, skipped = make_systems(session, cfg, threads, log, pearl_session)
+    candidates, skipped = make_systems(session, cfg, threads, log)
     warmup = (prompts[0][0][-WARMUP_PROMPT_TOKENS:], min(WARMUP_NEW_TOKENS, cfg.max_new_tokens)) if cfg.warmup else None
     systems, setup_s = start_systems(candidates, skipped, warmup, log)
     try:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from .choices import MODES, SCHEDULES, VERIFY_RULES
 from .errors import SpecExportError
 
 EXIT_FAILURE = 1
@@ -177,10 +178,8 @@ def train_drafter_cmd(out, recipe, model, layers, hidden, steps, lr, prompt_limi
                f" {meta['heldout_before']['agreement']:.1%}; {meta['parameters'] / 1e6:.1f}M parameters)", err=True)
 
 
-MODES = ("auto", "ar", "self", "model", "lookup", "hier")  # runtime/session.py LOOPS (kept light: no import)
 DRAFTER_MODES = ("model", "self", "lookup", "auto")
 HIERARCHIES = {"drafter,self": "hier"}
-VERIFY_RULES = ("exact", "specdec")
 
 
 def generate_mode(mode: str | None, drafter: str | None, hierarchy: str | None) -> str:
@@ -221,7 +220,7 @@ def generate_mode(mode: str | None, drafter: str | None, hierarchy: str | None) 
               " threshold; the default, with the bundle's eta); entropy[:LAMBDA] (AdaEDL: stop when the entropy"
               " bound on acceptance falls below LAMBDA); goodput[:GAMMA_MAX] (SmartSpec: per step the draft length"
               " with the most expected tokens per second, from the pieces timed on first use).")
-@click.option("--schedule", type=click.Choice(["sequential", "pearl"]), default="sequential", show_default=True,
+@click.option("--schedule", type=click.Choice(SCHEDULES), default="sequential", show_default=True,
               help="sequential: draft, then verify; pearl: drafter and deep run side by side on two threads"
               " (PEARL), each piece with a thread pool of its own (not the shared one).")
 @click.option("--drafter", "drafter", type=click.Choice(DRAFTER_MODES), default=None,

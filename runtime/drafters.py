@@ -136,6 +136,15 @@ class SelfDrafter:
         self.adapter.advance(hidden, pos, final)
 
 
+def fed_prefix(fed: list[int], seq: list[int], start: int, limit: int) -> int:
+    """How many leading positions of a drafter's cache (`fed`: the token at each position) hold `seq`,
+    scanning from `start`, below which the caller knows they agree, up to `limit`."""
+    k = start
+    while k < limit and fed[k] == seq[k]:
+        k += 1
+    return k
+
+
 class ModelDrafter:
     """An independent small LM (the bundle's `drafter` piece) drafting token by token.
 
@@ -159,9 +168,7 @@ class ModelDrafter:
     def _cached(self, history: list[int]) -> int:
         """How many leading history positions the cache already holds correctly (history[-1] excluded:
         its logits are needed, so it is always fed)."""
-        k = min(self.final, len(self.fed))
-        while k < len(self.fed) and k < len(history) and self.fed[k] == history[k]:
-            k += 1
+        k = fed_prefix(self.fed, history, min(self.final, len(self.fed)), min(len(self.fed), len(history)))
         return min(k, len(history) - 1)
 
     def propose(self, history: list[int], budget: int, policy: DraftPolicy, params: SamplingParams,

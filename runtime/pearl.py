@@ -41,15 +41,15 @@ from typing import Protocol
 
 import numpy as np
 
+from .choices import SCHEDULES
 from .decode import Pieces, ids_array, prefill
-from .drafters import AdapterState, choose
+from .drafters import AdapterState, choose, fed_prefix
 from .errors import SpecExportError
 from .policies import DraftPolicy, DraftSignal
 from .sampling import SamplingParams, pick
 from .speculative import judge
 from .stats import Stats
 
-SCHEDULES = ("sequential", "pearl")
 DRAFT_KEY, VERIFY_KEY = 0, 1
 DRAFTER_PIECES = ("shallow", "adapter", "drafter")
 
@@ -107,7 +107,7 @@ class SelfStepper:
         self.pieces = pieces
         self.adapter = AdapterState(pieces.adapter)
         # the shallow call; TensorRT's handoff replaces it with one that also leaves the state on the device
-        self.shallow = shallow or (lambda token, pos: pieces.shallow.run(ids_array([token]), pos)["hidden"])
+        self.shallow = shallow or HostHandoff(pieces).shallow
 
     def start(self, prompt: list[int], hidden: np.ndarray) -> None:
         self.adapter.start(hidden)
@@ -129,7 +129,8 @@ class SelfStepper:
 class ModelStepper:
     """An independent small LM (the `drafter` piece) one token at a time. `fed` is what its cache holds
     by position; a step feeds what is missing, so the first step after a rollback re-reads the positions
-    the rollback changed (and the very first is its prefill)."""
+    the rollback changed (and the very first is its prefill). `synced` positions of `fed` are known to
+    hold `seq`, so a step compares only the positions after them, not the whole history."""
 
     makes_hidden = False
 
@@ -137,24 +138,25 @@ class ModelStepper:
         self.pieces = pieces
         self.fed: list[int] = []
         self.seq: list[int] = []  # the final tokens, then this epoch's drafts
+        self.synced = 0
 
     def start(self, prompt: list[int], hidden: np.ndarray) -> None:
-        self.fed, self.seq = [], list(prompt)
+        self.fed, self.seq, self.synced = [], list(prompt), 0
 
     def restart(self, history: list[int]) -> None:
-        self.seq = list(history)
+        # history[:-1] is the old final tokens and the accepted drafts, all of them in the old `seq`
+        self.seq, self.synced = list(history), min(self.synced, len(history) - 1)
 
     def step(self, token: int, pos: int, params: SamplingParams, rng: np.random.Generator | None) -> Item:
         seq = self.seq
         seq[pos + 1:] = []
         if len(seq) == pos:
             seq.append(token)
-        at = 0
         limit = min(len(self.fed), pos)
-        while at < limit and self.fed[at] == seq[at]:
-            at += 1
+        at = fed_prefix(self.fed, seq, min(self.synced, limit), limit)
         out = self.pieces.drafter.run(ids_array(seq[at:pos + 1]), at)
         self.fed[at:] = seq[at:pos + 1]
+        self.synced = pos + 1
         x, q, signal = choose(out, params, rng, self.pieces.drafter_vocab, self.pieces.vocab_size)
         return Item(None, x, q, signal)
 
@@ -300,12 +302,17 @@ def judge_items(items: list[Item], logits: np.ndarray, params: SamplingParams, s
     return [it.token for it in items], len(items)
 
 
+def shared_pool_in_use() -> bool:
+    """Whether this process put every ONNX Runtime session in one shared thread pool (the specexport
+    commands do, unless PEARL runs). Read without importing ONNX Runtime."""
+    ort_backend = sys.modules.get(f"{__package__}.ort_backend")
+    return getattr(ort_backend, "_shared_pool_threads", None) is not None
+
+
 def check_thread_pools(pieces: Pieces) -> None:
     """Refuse (one sentence) to run PEARL when every ONNX Runtime session shares the process-wide pool:
     the drafter and `deep` would then take turns on the same threads instead of running side by side."""
-    ort_backend = sys.modules.get(f"{__package__}.ort_backend")
-    if ort_backend is not None and getattr(ort_backend, "_shared_pool_threads", None) is not None \
-            and isinstance(pieces.deep, ort_backend.OrtPiece):
+    if shared_pool_in_use() and isinstance(pieces.deep, sys.modules[f"{__package__}.ort_backend"].OrtPiece):
         raise SpecExportError("schedule 'pearl' runs the drafter and `deep` side by side, but this process put"
                               " every ONNX Runtime session in one shared thread pool (use_shared_thread_pool);"
                               " open the bundle in a process that does not, or use --schedule sequential")
@@ -383,7 +390,7 @@ def pearl_loop(pieces: Pieces, mode: str, opts, make_policy, prompt: list[int], 
     token, so that a bad option fails at once and the goodput policy times the pieces before the prefill."""
     if opts.schedule not in SCHEDULES:
         raise SpecExportError(f"unknown schedule {opts.schedule!r}; use one of {', '.join(SCHEDULES)}")
-    if getattr(opts, "verify", "exact") != "exact":
+    if opts.verify != "exact":
         raise SpecExportError(f"schedule 'pearl' is lossless only; --verify {opts.verify} needs --schedule"
                               " sequential")
     mode = pearl_mode(mode, pieces)

@@ -57,39 +57,37 @@ class DraftPolicy(Protocol):
         ...
 
 
-@dataclass
-class FixedPolicy:
-    """Always draft gamma tokens."""
-
-    gamma: int
-    name: str = "fixed"
+class _GammaBudget:
+    """For policies that offer every step `gamma` drafts and learn nothing from how steps went."""
 
     def budget(self) -> int:
         return self.gamma
-
-    def keep_going(self, drafted: int, signal: DraftSignal) -> bool:
-        return True
 
     def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
         pass
 
 
 @dataclass
-class ConfidencePolicy:
+class FixedPolicy(_GammaBudget):
+    """Always draft gamma tokens."""
+
+    gamma: int
+    name: str = "fixed"
+
+    def keep_going(self, drafted: int, signal: DraftSignal) -> bool:
+        return True
+
+
+@dataclass
+class ConfidencePolicy(_GammaBudget):
     """Kangaroo's double early exit: stop once the draft token's probability falls below eta."""
 
     gamma: int
     eta: float
     name: str = "confidence"
 
-    def budget(self) -> int:
-        return self.gamma
-
     def keep_going(self, drafted: int, signal: DraftSignal) -> bool:
         return signal.top_prob >= self.eta
-
-    def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
-        pass
 
 
 # AdaEDL's scale of the entropy in its bound (only (1 - lambda)^2 / scale matters: the entropy in nats
@@ -103,7 +101,7 @@ ENTROPY_LAMBDA = 0.75
 
 
 @dataclass
-class EntropyPolicy:
+class EntropyPolicy(_GammaBudget):
     """AdaEDL (Agrawal et al., 2024): stop once the entropy-based lower bound on the draft token's
     acceptance probability, 1 - sqrt(scale * H) with H the draft distribution's entropy, falls below
     lambda. Drafters that give only a top probability (prompt lookup) have no entropy: never stop early.
@@ -114,16 +112,10 @@ class EntropyPolicy:
     scale: float = ENTROPY_SCALE
     name: str = "entropy"
 
-    def budget(self) -> int:
-        return self.gamma
-
     def keep_going(self, drafted: int, signal: DraftSignal) -> bool:
         if signal.logits is None:
             return True
         return 1.0 - math.sqrt(self.scale * signal.entropy) >= self.lam
-
-    def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
-        pass
 
 
 @dataclass
@@ -217,14 +209,14 @@ POLICY_NAMES = ("fixed", "confidence", "entropy", "goodput")
 POLICY_FORMS = "fixed[:GAMMA], confidence[:ETA], entropy[:LAMBDA] or goodput[:GAMMA_MAX]"
 
 
-def make_policy(spec: str | None, gamma: int, eta: float, cost: Callable[[int], CostModel] | None = None,
-                **context) -> DraftPolicy:
+def make_policy(spec: str | None, gamma: int, eta: float,
+                cost: Callable[[int], CostModel] | None = None) -> DraftPolicy:
     """A policy from its command-line form: fixed[:GAMMA], confidence[:ETA], entropy[:LAMBDA] or
     goodput[:GAMMA_MAX] (None: confidence).
 
     `gamma` and `eta` are the bundle's (or the user's) defaults (gamma is also entropy's and goodput's most
     drafts per step); `cost(gamma_max)` returns the cost model goodput needs (measured once, when first
-    asked for); `context` is for future policies and ignored by these."""
+    asked for)."""
     name, _, arg = (spec or "confidence").strip().partition(":")
     if name not in POLICY_NAMES:
         raise SpecExportError(f"unknown draft-length policy {name!r}; use {POLICY_FORMS}")

@@ -39,12 +39,13 @@ def judge(draft: int, q: np.ndarray | None, logits: np.ndarray, params: Sampling
 
 
 def verify(drafts: list[int], qs: list[np.ndarray] | None, logits: np.ndarray, params: SamplingParams,
-           rng: np.random.Generator) -> list[int]:
+           rng: np.random.Generator, rule: Callable = judge) -> list[int]:
     """Accepted drafts + the target's next token. logits[i] is the target's view after drafts[:i]: the
     drafts are judged in order up to the first rejection, whose replacement ends the step; after a full
-    acceptance the bonus token is drawn from the target's last row. Lossless for greedy and sampling."""
+    acceptance the bonus token is drawn from the target's last row. Lossless for greedy and sampling with
+    the default `rule`, `judge` (runtime/verification.py passes a relaxed one)."""
     for i, d in enumerate(drafts):
-        instead = judge(d, qs[i] if qs else None, logits[i], params, rng)
+        instead = rule(d, qs[i] if qs else None, logits[i], params, rng)
         if instead is not None:
             return [*drafts[:i], instead]
     return [*drafts, pick(logits[len(drafts)], params, rng)]

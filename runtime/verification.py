@@ -11,14 +11,15 @@ stats are marked lossy.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 
+from .choices import VERIFY_RULES
 from .errors import SpecExportError
 from .sampling import SamplingParams
 from .speculative import verify
 
-VERIFY_RULES = ("exact", "specdec")
 SPECDEC_BETA = 3
 SPECDEC_TAU = 2.0
 
@@ -37,15 +38,12 @@ def specdec_accepts(logits: np.ndarray, token: int, beta: int, tau: float) -> bo
 
 def specdec_verify(beta: int, tau: float) -> Callable:
     """The relaxed rule with `verify`'s signature (greedy only): at the first failing draft the target's
-    argmax is emitted; after a fully accepted draft, the target's bonus argmax."""
+    argmax is emitted; after a fully accepted draft, the target's bonus argmax (verify's greedy pick)."""
 
-    def accept(drafts: list[int], qs, logits: np.ndarray, params: SamplingParams, rng) -> list[int]:
-        for i, d in enumerate(drafts):
-            if not specdec_accepts(logits[i], d, beta, tau):
-                return [*drafts[:i], int(np.argmax(logits[i]))]
-        return [*drafts, int(np.argmax(logits[len(drafts)]))]
+    def judge(draft: int, q, logits: np.ndarray, params: SamplingParams, rng) -> int | None:
+        return None if specdec_accepts(logits, draft, beta, tau) else int(np.argmax(logits))
 
-    return accept
+    return partial(verify, rule=judge)
 
 
 def make_verify(rule: str, params: SamplingParams, beta: int | None = None, tau: float | None = None) -> Callable:

@@ -28,7 +28,7 @@ from specexport.exporter.adapter_source import train_settings
 from specexport.exporter.distill_data import load_sequences
 from specexport.exporter.hf_weights import dims_of
 from specexport.exporter.recipe import load_recipe
-from specexport.exporter.train_adapter import _batches, compute_features, pruned_vocab
+from specexport.exporter.train_adapter import _batches, compute_features, pruned_vocab, response_counts, split_holdout
 from specexport.runtime.paths import cache_dir
 from torch import nn
 from torch.nn import functional as F
@@ -97,15 +97,9 @@ def main() -> None:
     data = cache_dir("distill", f"{source.origin_sha256[:16]}-n{n}-t{settings['max_new_tokens']}")
     sequences = load_sequences(data)
     feats = compute_features(model, sequences, 2, source.origin_sha256)
-    rng = np.random.default_rng(0)
-    perm = rng.permutation(len(sequences))
-    n_hold = max(1, int(len(sequences) * 0.04))
-    held, train_idx = sorted(perm[:n_hold].tolist()), perm[n_hold:].tolist()
+    held, train_idx, _ = split_holdout(len(sequences), 0.04, 0)
     dims = dims_of(model.config, 16)
-    counts = np.zeros(dims.vocab, dtype=np.int64)
-    for j in train_idx:
-        tokens, plen = sequences[j]
-        counts += np.bincount(np.asarray(tokens[plen:]), minlength=dims.vocab)[: dims.vocab]
+    counts = response_counts(sequences, train_idx, dims.vocab)
     vocab = torch.from_numpy(pruned_vocab(counts, int(settings["draft_vocab"])))
     lm_head = model.lm_head.weight.detach()
     head = lm_head[vocab]
