@@ -199,6 +199,17 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
             summary["multirow_attention"] = quantize.multirow_attention(graph)
         return graph, {"quantization": summary}
 
+    def add_draft_piece(name: str, graph, vocab_map: np.ndarray | None, vocab_file: str, **fields) -> None:
+        """A drafting piece (adapter, drafter): its pruned head's ids beside it, quantized like the rest but
+        without the output path's care (drafts only propose; verification decides)."""
+        if vocab_map is not None:
+            np.save(writer.tmp / vocab_file, vocab_map)
+            fields["draft_vocab"] = {"file": vocab_file, "size": len(vocab_map),
+                                     "note": "FR-Spec: the head keeps these token ids (ascending); logits are in"
+                                             " this order, top_token is a real id"}
+        graph, qinfo = quantized(graph, output_path=False)
+        writer.add_piece(name, for_target(graph), flavour, layers=None, **fields, **qinfo)
+
     with BundleWriter(Path(out), force=force) as writer:
         stage("locating model")
         if model is None:
@@ -252,15 +263,7 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
             graph = llama_graph.build_adapter(dims, weights.rope, adapter_w, weights.lm_head, flavour, dtype,
                                               mlp=adapter_mlp, vocab_map=vocab_map)
             summary = {k: adapter_meta.get(k) for k in ("source", "arch", "heldout", "raw_exit_agreement")}
-            extra = {}
-            if vocab_map is not None:
-                np.save(writer.tmp / "draft_vocab.npy", vocab_map)
-                extra["draft_vocab"] = {"file": "draft_vocab.npy", "size": len(vocab_map),
-                                        "note": "FR-Spec: the head keeps these token ids (ascending);"
-                                                " logits are in this order, top_token is a real id"}
-            graph, qinfo = quantized(graph, output_path=False)  # drafts only: verification decides
-            writer.add_piece("adapter", for_target(graph), flavour, layers=None, exit_layer=ell, training=summary,
-                             **extra, **qinfo)
+            add_draft_piece("adapter", graph, vocab_map, "draft_vocab.npy", exit_layer=ell, training=summary)
         stages.update()
 
         stage("drafter")
@@ -271,14 +274,8 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
             dw = extract(drafter_model, context)
             graph = llama_graph.build_drafter(dw.dims, dw.rope, dw.embed, dw.layers, dw.final_norm, dw.lm_head,
                                               flavour, dtype, vocab_map=drafter_vocab)
-            extra = {"dims": dw.dims.as_dict(), **loaded.manifest}
-            if drafter_vocab is not None:
-                np.save(writer.tmp / "drafter_vocab.npy", drafter_vocab)
-                extra["draft_vocab"] = {"file": "drafter_vocab.npy", "size": len(drafter_vocab),
-                                        "note": "the drafter's head keeps these token ids (ascending); logits"
-                                                " are in this order, top_token is a real id"}
-            graph, qinfo = quantized(graph, output_path=False)  # drafts only: verification decides
-            writer.add_piece("drafter", for_target(graph), flavour, layers=None, **extra, **qinfo)
+            add_draft_piece("drafter", graph, drafter_vocab, "drafter_vocab.npy", dims=dw.dims.as_dict(),
+                            **loaded.manifest)
             del graph, dw
         stages.update()
 
