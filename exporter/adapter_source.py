@@ -17,14 +17,26 @@ ADAPTER_CHOICES = ("auto", "none", "untrained")
 def distilled_sequences(checkpoint: Path, target_sha: str, settings: dict) -> list:
     """The target's own responses to the shipped training prompts (never Spec-Bench), generated once and
     cached by (target, prompt count, response length); the adapter and the drafter learn from the same."""
-    from .distill_data import generate_responses, load_sequences, read_prompts
+    from .distill_data import generate_responses, load_sequences
 
-    prompts_file = Path(settings.get("prompts") or recipes_dir() / "data" / "train_prompts.jsonl")
-    prompts = read_prompts(prompts_file)[: settings.get("prompt_limit")]
-    data_dir = cache_dir("distill", f"{target_sha[:16]}-n{len(prompts)}-t{settings.get('max_new_tokens', 192)}")
+    prompts = _prompts(settings)
+    data_dir = distilled_data_dir(checkpoint, target_sha, settings)
     generate_responses(checkpoint, prompts, data_dir, max_new_tokens=int(settings.get("max_new_tokens", 192)),
                        batch_size=int(settings.get("batch_size", 16)))
     return load_sequences(data_dir)
+
+
+def _prompts(settings: dict) -> list[dict]:
+    from .distill_data import read_prompts
+
+    prompts_file = Path(settings.get("prompts") or recipes_dir() / "data" / "train_prompts.jsonl")
+    return read_prompts(prompts_file)[: settings.get("prompt_limit")]
+
+
+def distilled_data_dir(checkpoint: Path, target_sha: str, settings: dict) -> Path:
+    """Where distilled_sequences keeps the responses for these settings."""
+    n = len(_prompts(settings))
+    return cache_dir("distill", f"{target_sha[:16]}-n{n}-t{settings.get('max_new_tokens', 192)}")
 
 
 def train_for_target(model, checkpoint: Path, target_sha: str, exit_layer: int, settings: dict, out_dir: Path,

@@ -227,6 +227,11 @@ def load_sequences(out_dir: str | Path) -> list[tuple[np.ndarray, int]]:
     return seqs
 
 
+def load_prompt_ids(out_dir: str | Path) -> list[str]:
+    """The prompt id of every stored sequence, in :func:`load_sequences` order."""
+    return [str(i) for shard in iter_shards(out_dir) for i in shard["ids"]]
+
+
 def read_prompts(path: str | Path) -> list[dict]:
     """Read a prompt JSONL file (one ``{"id", "category", "prompt"}`` object a line)."""
     with open(path, encoding="utf-8") as fh:

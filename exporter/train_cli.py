@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..runtime.errors import SpecExportError
 from . import model_source
 from .adapter_source import train_for_target, train_settings
 from .recipe import load_recipe
@@ -34,7 +35,7 @@ def train_adapter_command(out: Path, recipe: str | None = None, model: str | Non
 
 
 def train_drafter_command(out: Path, recipe: str | None = None, model: str | None = None, command: str = "",
-                          **overrides) -> dict:
+                          extra_data: tuple[Path, ...] = (), **overrides) -> dict:
     """Distils a Spec-Drafter on the adapter's data; settings: [drafter.train], then the options given."""
     from .adapter_source import distilled_sequences
     from .train_drafter import DrafterTrainConfig, train_drafter
@@ -52,5 +53,34 @@ def train_drafter_command(out: Path, recipe: str | None = None, model: str | Non
     sequences = distilled_sequences(source.checkpoint, source.origin_sha256, settings)
     data = f"{len(sequences)} distilled responses ({settings.get('prompt_limit')} prompts of"
     data += f" recipes/data/train_prompts.jsonl, {settings.get('max_new_tokens', 192)} new tokens)"
-    return train_drafter(torch_model, sequences, train_cfg, Path(out), source.origin_sha256, command=command,
-                         feature_layer=int(cfg["export"].get("exit_layer", 2)), data=data)
+    extra, note = extra_sequences(extra_data, source.checkpoint, source.origin_sha256, settings, train_cfg)
+    return train_drafter(torch_model, sequences + extra, train_cfg, Path(out), source.origin_sha256,
+                         command=command, feature_layer=int(cfg["export"].get("exit_layer", 2)),
+                         data=data + note, holdout_pool=len(sequences))
+
+
+def extra_sequences(dirs: tuple[Path, ...] | list[Path], checkpoint: Path, target_sha: str, settings: dict,
+                    train_cfg) -> tuple[list, str]:
+    """Training-only sequences from more shard directories (recipes/experiments/genai_distill.py), without
+    any response to a held-out prompt, so held-out agreement stays comparable and unseen."""
+    from .adapter_source import distilled_data_dir
+    from .distill_data import load_prompt_ids, load_sequences
+    from .train_adapter import split_holdout
+
+    if not dirs:
+        return [], ""
+    base_ids = load_prompt_ids(distilled_data_dir(checkpoint, target_sha, settings))
+    held, _, _ = split_holdout(len(base_ids), train_cfg.holdout, train_cfg.seed)
+    held_ids = {base_ids[i] for i in held}
+    extra, dropped = [], 0
+    for d in dirs:
+        if not Path(d).is_dir() or not any(Path(d).glob("shard_*.npz")):
+            raise SpecExportError(f"--extra-data {d} holds no distillation shards (shard_*.npz)")
+        for seq, pid in zip(load_sequences(d), load_prompt_ids(d), strict=True):
+            if pid in held_ids:
+                dropped += 1
+            else:
+                extra.append(seq)
+    tokens = sum(len(s) - p for s, p in extra)
+    return extra, (f"; plus {len(extra)} responses ({tokens} tokens) from {', '.join(map(str, dirs))}"
+                   f" for training only ({dropped} to held-out prompts left out)")

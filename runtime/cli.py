@@ -161,8 +161,10 @@ def train_adapter_cmd(out, recipe, model, exit_layer, arch, steps, lr, prompt_li
               " frequent tokens of the distilled responses (0 = the full vocabulary). Default: the recipe's.")
 @click.option("--seed", type=int, default=None, help="Seed for data order and initialisation.")
 @click.option("--threads", type=int, default=None, help="Torch threads (default: recipe, 1; 0 = all cores).")
+@click.option("--extra-data", multiple=True, type=click.Path(path_type=Path), help="More distilled responses for"
+              " training only: a directory of shards (recipes/experiments/genai_distill.py). Repeatable.")
 def train_drafter_cmd(out, recipe, model, layers, hidden, steps, lr, prompt_limit, draft_vocab, seed,
-                      threads) -> None:
+                      threads, extra_data) -> None:
     """Distil a small independent drafter (SpecDec's Spec-Drafter, autoregressive) from the target on its
     own responses to the shipped training prompts (never Spec-Bench). It reuses the target's frozen
     embeddings through learned projections. Resumable; held-out agreement is printed and saved."""
@@ -173,7 +175,7 @@ def train_drafter_cmd(out, recipe, model, layers, hidden, steps, lr, prompt_limi
                               " `pip install 'specexport[export]'`") from None
     meta = train_drafter_command(out, recipe=recipe, model=model, layers=layers, hidden=hidden, steps=steps, lr=lr,
                                  prompt_limit=prompt_limit, draft_vocab=draft_vocab, seed=seed, threads=threads,
-                                 command=_command())
+                                 extra_data=extra_data, command=_command())
     click.echo(f"wrote {out}: held-out top-1 agreement {meta['heldout']['agreement']:.1%} (before training"
                f" {meta['heldout_before']['agreement']:.1%}; {meta['parameters'] / 1e6:.1f}M parameters)", err=True)
 

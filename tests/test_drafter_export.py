@@ -153,15 +153,21 @@ def test_cli_refuses_unusable_drafters_before_writing(tiny_checkpoint, drafter_c
 
 
 @pytest.fixture(scope="module")
-def distilled(tiny_checkpoint, tmp_path_factory):
-    """The tiny target's own responses to 32 training prompts."""
-    from specexport.exporter.distill_data import generate_responses, load_sequences, read_prompts
+def distilled_dir(tiny_checkpoint, tmp_path_factory):
+    """The tiny target's own responses to 32 training prompts, as shards."""
+    from specexport.exporter.distill_data import generate_responses, read_prompts
     from specexport.exporter.recipe import recipes_dir
 
     prompts = read_prompts(recipes_dir() / "data" / "train_prompts.jsonl")[:32]
-    data = generate_responses(tiny_checkpoint, prompts, tmp_path_factory.mktemp("distill"), max_new_tokens=32,
+    return generate_responses(tiny_checkpoint, prompts, tmp_path_factory.mktemp("distill"), max_new_tokens=32,
                               batch_size=16, threads=1)
-    return load_sequences(data)
+
+
+@pytest.fixture(scope="module")
+def distilled(distilled_dir):
+    from specexport.exporter.distill_data import load_sequences
+
+    return load_sequences(distilled_dir)
 
 
 @pytest.fixture(scope="module")
@@ -242,3 +248,20 @@ def test_train_drafter_cli(tiny_checkpoint, tmp_path):
     assert "held-out top-1 agreement" in result.output
     meta = json.loads((out / "drafter.json").read_text())
     assert meta["config"]["steps"] == 3 and meta["draft_vocab"] is None and meta["command"].startswith("specexport")
+
+
+def test_extra_data_trains_but_never_holds_out(tiny_checkpoint, distilled_dir, tmp_path):
+    """--extra-data adds training sequences; a response to a held-out prompt is left out of them, so the
+    held-out set is the base data's and stays unseen."""
+    args = ["train-drafter", "--model", str(tiny_checkpoint), "--layers", "1", "--hidden", "64", "--steps", "2",
+            "--prompt-limit", "16", "--draft-vocab", "0"]
+    result = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "d"), "--extra-data", str(distilled_dir)])
+    assert result.exit_code == 0, result.output
+    meta = json.loads((tmp_path / "d" / "drafter.json").read_text())
+    # 16 base prompts, 1 held out; the 32 extra responses repeat those 16 prompts, so exactly 1 is left out
+    assert meta["heldout_sequences"] == 1 and meta["train_sequences"] == 15 + 31
+    assert "plus 31 responses" in meta["data"] and "(1 to held-out prompts left out)" in meta["data"]
+
+    result = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "e"), "--extra-data", str(tmp_path / "nope")])
+    assert result.exit_code != 0 and "holds no distillation shards" in result.output
+    assert not (tmp_path / "e" / "drafter.json").exists()
