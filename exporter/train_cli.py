@@ -54,13 +54,13 @@ def train_drafter_command(out: Path, recipe: str | None = None, model: str | Non
     data = f"{len(sequences)} distilled responses ({settings.get('prompt_limit')} prompts of"
     data += f" recipes/data/train_prompts.jsonl, {settings.get('max_new_tokens', 192)} new tokens)"
     extra, note = extra_sequences(extra_data, source.checkpoint, source.origin_sha256, settings, train_cfg)
-    return train_drafter(torch_model, sequences + extra, train_cfg, Path(out), source.origin_sha256,
+    return train_drafter(torch_model, sequences, train_cfg, Path(out), source.origin_sha256,
                          command=command, feature_layer=int(cfg["export"].get("exit_layer", 2)),
-                         data=data + note, holdout_pool=len(sequences))
+                         data=data + note, extra=extra)
 
 
 def extra_sequences(dirs: tuple[Path, ...] | list[Path], checkpoint: Path, target_sha: str, settings: dict,
-                    train_cfg) -> tuple[list, str]:
+                    train_cfg) -> tuple[list[list], str]:
     """Training-only sequences from more shard directories (recipes/experiments/genai_distill.py), without
     any response to a held-out prompt, so held-out agreement stays comparable and unseen."""
     from .adapter_source import distilled_data_dir
@@ -76,11 +76,9 @@ def extra_sequences(dirs: tuple[Path, ...] | list[Path], checkpoint: Path, targe
     for d in dirs:
         if not Path(d).is_dir() or not any(Path(d).glob("shard_*.npz")):
             raise SpecExportError(f"--extra-data {d} holds no distillation shards (shard_*.npz)")
-        for seq, pid in zip(load_sequences(d), load_prompt_ids(d), strict=True):
-            if pid in held_ids:
-                dropped += 1
-            else:
-                extra.append(seq)
-    tokens = sum(len(s) - p for s, p in extra)
-    return extra, (f"; plus {len(extra)} responses ({tokens} tokens) from {', '.join(map(str, dirs))}"
+        pairs = list(zip(load_sequences(d), load_prompt_ids(d), strict=True))
+        extra.append([seq for seq, pid in pairs if pid not in held_ids])
+        dropped += len(pairs) - len(extra[-1])
+    tokens = sum(len(s) - p for part in extra for s, p in part)
+    return extra, (f"; plus {sum(map(len, extra))} responses ({tokens} tokens) from {', '.join(map(str, dirs))}"
                    f" for training only ({dropped} to held-out prompts left out)")

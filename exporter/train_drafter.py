@@ -153,24 +153,24 @@ class HeldOut:
 
 def train_drafter(model, sequences: list[tuple[np.ndarray, int]], cfg: DrafterTrainConfig, out_dir: Path,
                   target_sha: str, command: str = "", feature_layer: int = 2, data: str = "",
-                  holdout_pool: int | None = None) -> dict:
+                  extra: list[list[tuple[np.ndarray, int]]] = ()) -> dict:
     """Trains and writes drafter.safetensors (fp16) + drafter.json (+ drafter_vocab.npy) to out_dir; returns the
     metadata. `feature_layer` only picks which cached feature file to reuse (the drafter reads h_final alone).
     Resumes from train_state.pt in out_dir when its config and data match. Held-out sequences are drawn from
-    the first `holdout_pool` sequences only (default: all); the rest always train."""
+    `sequences` alone; each list in `extra` only trains, and has its features cached on its own."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    if len(sequences) < 2:
+    if len(sequences) < 2:  # held-out and training sequences both come from `sequences`
         raise SpecExportError(f"training a drafter needs at least two distilled sequences, got {len(sequences)}")
-    pool = len(sequences) if holdout_pool is None else holdout_pool
-    # cached per part, so more data does not recompute the base data's features
-    feats = compute_features(model, sequences[:pool], feature_layer, target_sha)
-    if pool < len(sequences):
-        more = compute_features(model, sequences[pool:], feature_layer, target_sha)
+    feats = compute_features(model, sequences, feature_layer, target_sha)
+    pool = len(sequences)
+    for part in extra:
+        more = compute_features(model, part, feature_layer, target_sha)
         feats = Features(feats.h_exit + more.h_exit, feats.h_final + more.h_final,
                          np.concatenate([feats.prompt_lens, more.prompt_lens]))
+        sequences = sequences + part
     held, train_idx, rng = split_holdout(pool, cfg.holdout, cfg.seed)  # the adapter's split
     train_idx += range(pool, len(sequences))
     vocab_size = int(model.config.vocab_size)

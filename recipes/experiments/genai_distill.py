@@ -3,17 +3,24 @@ GenAI (fp32: the model `make bench-env` converts for the bench baseline), writte
 exporter/distill_data.py writes, so `specexport train-drafter --extra-data DIR` reads them.
 
 Why: the drafter and the adapter are data-bound (recipes/smollm2-135m.toml), and transformers' batched
-generate makes ~65 response tokens/s on this 2-core machine. Two steps, two interpreters:
+generate makes ~65 response tokens/s on this 2-core machine, GenAI here ~170-250. Three subcommands,
+two interpreters (G = .cache/ortgenai/<the fp32 model>, D = .cache/gen):
 
-    # 1. chat-template the prompts with the exporter's tokenizer (the project's venv)
-    .venv/bin/python recipes/experiments/genai_distill.py tokenize --start 2400 --out DIR
-    # 2. generate with onnxruntime-genai (.venv-genai); --temperature 0 is greedy, > 0 samples
-    .venv-genai/bin/python recipes/experiments/genai_distill.py generate --genai-model GENAI_DIR \
-        --prompts DIR/prompts.npz --out DIR/greedy [--temperature 0.7 --seed 1] [--minutes 60]
+    # the chat-templated prompts not in the recipe's 2,400, and the template around a user's turn
+    .venv/bin/python recipes/experiments/genai_distill.py tokenize --start 2400 --out D/rest
+    # the target's greedy responses to them (--temperature > 0 samples instead)
+    .venv-genai/bin/python recipes/experiments/genai_distill.py generate --genai-model G \
+        --prompts D/rest/prompts.npz --out D/rest/greedy
+    # Magpie: 1,536 requests the target writes itself, then its greedy responses to them
+    .venv-genai/bin/python recipes/experiments/genai_distill.py queries --genai-model G \
+        --template D/rest/template.npz --out D/magpie --count 1536 --seed 1
+    .venv-genai/bin/python recipes/experiments/genai_distill.py generate --genai-model G \
+        --prompts D/magpie/prompts.npz --out D/magpie/greedy
 
 The teacher's labels are recomputed by transformers on whatever sequences come out (train-drafter's
-features), so a sampled response, or a numerical difference between GenAI and transformers, changes which
-text the drafter sees, never what it is taught at a position.
+features), so a filler newline, a sampled token or a numerical difference between GenAI and transformers
+changes which text the drafter sees, never what it is taught at a position. Unpadded greedy rows equal
+transformers' greedy responses token for token (15 of 15 checked against the recipe's shards).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ def tokenize(args) -> None:
     from specexport.exporter import model_source
     from specexport.exporter.distill_data import _chat_text, _eos_ids, read_prompts
     from specexport.exporter.recipe import load_recipe, recipes_dir
+
     src = load_recipe(None)["source"]
     source = model_source.resolve(model_source.default_model_file(src["package"], src["version"], src["file"]))
     model, tokenizer = model_source.load_model(source.checkpoint)
@@ -40,6 +48,11 @@ def tokenize(args) -> None:
     ids = [tokenizer(_chat_text(tokenizer, p["prompt"]), add_special_tokens=False)["input_ids"] for p in prompts]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    marker = "\u2063QUERY\u2063"
+    before, after = _chat_text(tokenizer, marker).split(marker)
+    ids_of = lambda text: np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], np.int32)  # noqa: E731
+    np.savez(out / "template.npz", before=ids_of(before), after=ids_of(after),
+             eos=np.array(sorted(_eos_ids(model, tokenizer)), np.int32))
     np.savez(out / "prompts.npz", tokens=np.concatenate([np.asarray(i, np.int32) for i in ids]),
              offsets=np.cumsum([0] + [len(i) for i in ids]).astype(np.int64),
              ids=np.array([p["id"] for p in prompts]), eos=np.array(sorted(_eos_ids(model, tokenizer)), np.int32))
@@ -128,6 +141,46 @@ def generate(args) -> None:
     bar.close()
 
 
+def queries(args) -> None:
+    """Magpie (Xu et al., 2024): an instruct model fed only the chat template up to the user's turn writes
+    a user's request itself. Sampling many gives prompts in the model's own idea of what users ask,
+    far more varied than the shipped prompt set, at no cost but generation."""
+    import onnxruntime_genai as og
+    from tqdm import tqdm
+
+    t = np.load(args.template)
+    before, after, eos = t["before"], t["after"], set(t["eos"].tolist())
+    model = og.Model(og.Config(str(Path(args.genai_model).resolve())))
+    kept: list[np.ndarray] = []
+    bar = tqdm(total=args.count, unit="query", dynamic_ncols=True, mininterval=10.0)
+    b = 0
+    while len(kept) < args.count:
+        params = og.GeneratorParams(model)
+        params.set_search_options(do_sample=True, temperature=args.temperature, top_p=args.top_p,
+                                  random_seed=args.seed * 100003 + b, max_length=len(before) + args.max_query_tokens,
+                                  batch_size=BATCH)
+        gen = og.Generator(model, params)
+        gen.append_tokens(np.tile(before, (BATCH, 1)).astype(np.int32))  # one length: no padding
+        while not gen.is_done():
+            gen.generate_next_token()
+        for r in range(BATCH):
+            q = np.asarray(gen.get_sequence(r))[len(before):].tolist()
+            # a request that never ended, or a near-empty one, is not a prompt
+            if eos & set(q) and len(q) > 4:
+                q = q[:min(q.index(e) for e in eos & set(q))]
+                if len(q) >= 4 and len(kept) < args.count:
+                    kept.append(np.concatenate([before, np.asarray(q, np.int32), after]).astype(np.int32))
+                    bar.update()
+        del gen
+        b += 1
+    bar.close()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    np.savez(out / "prompts.npz", tokens=np.concatenate(kept), offsets=np.cumsum([0] + [len(k) for k in kept]),
+             ids=np.array([f"magpie-s{args.seed}-{i:05d}" for i in range(len(kept))]), eos=t["eos"])
+    print(f"{len(kept)} requests from {b * BATCH} samples -> {out / 'prompts.npz'}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -146,8 +199,17 @@ def main() -> None:
     g.add_argument("--pad", type=int, default=198, help="the filler token in front of shorter prompts (\\n)")
     g.add_argument("--tolerance", type=int, default=4, help="most filler tokens a prompt gets")
     g.add_argument("--minutes", type=float, default=0, help="stop starting shards after this long; 0 = all")
+    q = sub.add_parser("queries")
+    q.add_argument("--genai-model", required=True)
+    q.add_argument("--template", required=True, help="template.npz written by `tokenize`")
+    q.add_argument("--out", required=True)
+    q.add_argument("--count", type=int, default=2048)
+    q.add_argument("--max-query-tokens", type=int, default=96)
+    q.add_argument("--temperature", type=float, default=1.0)
+    q.add_argument("--top-p", type=float, default=1.0)
+    q.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
-    tokenize(args) if args.cmd == "tokenize" else generate(args)
+    {"tokenize": tokenize, "generate": generate, "queries": queries}[args.cmd](args)
 
 
 if __name__ == "__main__":
