@@ -40,6 +40,10 @@ def train_drafter_command(out: Path, recipe: str | None = None, model: str | Non
     from .adapter_source import distilled_sequences
     from .train_drafter import DrafterTrainConfig, train_drafter
 
+    for d in extra_data:  # before any distillation or training time is spent
+        if not Path(d).is_dir() or not any(Path(d).glob("shard_*.npz")):
+            raise SpecExportError(f"--extra-data {d} holds no distillation shards (shard_*.npz); make them with"
+                                  " recipes/experiments/genai_distill.py")
     cfg = load_recipe(recipe)
     source = _target(cfg, model)
     # the drafter learns from the adapter's distilled responses: same prompts, same length, same cache
@@ -74,8 +78,6 @@ def extra_sequences(dirs: tuple[Path, ...] | list[Path], checkpoint: Path, targe
     held_ids = {base_ids[i] for i in held}
     extra, dropped = [], 0
     for d in dirs:
-        if not Path(d).is_dir() or not any(Path(d).glob("shard_*.npz")):
-            raise SpecExportError(f"--extra-data {d} holds no distillation shards (shard_*.npz)")
         pairs = list(zip(load_sequences(d), load_prompt_ids(d), strict=True))
         extra.append([seq for seq, pid in pairs if pid not in held_ids])
         dropped += len(pairs) - len(extra[-1])
