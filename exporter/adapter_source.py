@@ -20,7 +20,7 @@ def distilled_sequences(checkpoint: Path, target_sha: str, settings: dict) -> li
     from .distill_data import generate_responses, load_sequences
 
     prompts = _prompts(settings)
-    data_dir = distilled_data_dir(checkpoint, target_sha, settings)
+    data_dir = _data_dir(target_sha, len(prompts), settings)
     generate_responses(checkpoint, prompts, data_dir, max_new_tokens=int(settings.get("max_new_tokens", 192)),
                        batch_size=int(settings.get("batch_size", 16)))
     return load_sequences(data_dir)
@@ -33,10 +33,13 @@ def _prompts(settings: dict) -> list[dict]:
     return read_prompts(prompts_file)[: settings.get("prompt_limit")]
 
 
-def distilled_data_dir(checkpoint: Path, target_sha: str, settings: dict) -> Path:
+def _data_dir(target_sha: str, n_prompts: int, settings: dict) -> Path:
+    return cache_dir("distill", f"{target_sha[:16]}-n{n_prompts}-t{settings.get('max_new_tokens', 192)}")
+
+
+def distilled_data_dir(target_sha: str, settings: dict) -> Path:
     """Where distilled_sequences keeps the responses for these settings."""
-    n = len(_prompts(settings))
-    return cache_dir("distill", f"{target_sha[:16]}-n{n}-t{settings.get('max_new_tokens', 192)}")
+    return _data_dir(target_sha, len(_prompts(settings)), settings)
 
 
 def train_for_target(model, checkpoint: Path, target_sha: str, exit_layer: int, settings: dict, out_dir: Path,

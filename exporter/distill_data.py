@@ -209,27 +209,35 @@ def generate_responses(
     return out_dir
 
 
-def iter_shards(out_dir: str | Path) -> Iterator[dict[str, np.ndarray]]:
-    """Yield the arrays of every shard in ``out_dir`` in shard order (temp files are ignored)."""
+SHARD_KEYS = ("tokens", "offsets", "prompt_lens", "ids")
+
+
+def iter_shards(out_dir: str | Path, keys: Sequence[str] = SHARD_KEYS) -> Iterator[dict[str, np.ndarray]]:
+    """Yield the arrays (`keys` of them) of every shard in ``out_dir`` in shard order (temp files are ignored)."""
     for path in sorted(Path(out_dir).glob(SHARD_GLOB)):
         with np.load(path) as data:
-            yield {k: data[k] for k in ("tokens", "offsets", "prompt_lens", "ids")}
+            yield {k: data[k] for k in keys}
 
 
-def load_sequences(out_dir: str | Path) -> list[tuple[np.ndarray, int]]:
-    """Return ``(token ids int64 of prompt + response, prompt_len)`` for every stored sequence, in order."""
-    seqs: list[tuple[np.ndarray, int]] = []
+def load_records(out_dir: str | Path) -> list[tuple[str, np.ndarray, int]]:
+    """``(prompt id, token ids int64 of prompt + response, prompt_len)`` for every stored sequence, in order."""
+    records: list[tuple[str, np.ndarray, int]] = []
     for shard in iter_shards(out_dir):
         tokens = shard["tokens"].astype(np.int64)
         offsets = shard["offsets"]
         for i, plen in enumerate(shard["prompt_lens"]):
-            seqs.append((tokens[offsets[i] : offsets[i + 1]], int(plen)))
-    return seqs
+            records.append((str(shard["ids"][i]), tokens[offsets[i] : offsets[i + 1]], int(plen)))
+    return records
+
+
+def load_sequences(out_dir: str | Path) -> list[tuple[np.ndarray, int]]:
+    """Return ``(token ids int64 of prompt + response, prompt_len)`` for every stored sequence, in order."""
+    return [(tokens, plen) for _, tokens, plen in load_records(out_dir)]
 
 
 def load_prompt_ids(out_dir: str | Path) -> list[str]:
-    """The prompt id of every stored sequence, in :func:`load_sequences` order."""
-    return [str(i) for shard in iter_shards(out_dir) for i in shard["ids"]]
+    """The prompt id of every stored sequence, in :func:`load_sequences` order (only the ids are read)."""
+    return [str(i) for shard in iter_shards(out_dir, ("ids",)) for i in shard["ids"]]
 
 
 def read_prompts(path: str | Path) -> list[dict]:

@@ -57,30 +57,30 @@ def train_drafter_command(out: Path, recipe: str | None = None, model: str | Non
     sequences = distilled_sequences(source.checkpoint, source.origin_sha256, settings)
     data = f"{len(sequences)} distilled responses ({settings.get('prompt_limit')} prompts of"
     data += f" recipes/data/train_prompts.jsonl, {settings.get('max_new_tokens', 192)} new tokens)"
-    extra, note = extra_sequences(extra_data, source.checkpoint, source.origin_sha256, settings, train_cfg)
+    extra, note = extra_sequences(extra_data, source.origin_sha256, settings, train_cfg)
     return train_drafter(torch_model, sequences, train_cfg, Path(out), source.origin_sha256,
                          command=command, feature_layer=int(cfg["export"].get("exit_layer", 2)),
                          data=data + note, extra=extra)
 
 
-def extra_sequences(dirs: tuple[Path, ...] | list[Path], checkpoint: Path, target_sha: str, settings: dict,
+def extra_sequences(dirs: tuple[Path, ...] | list[Path], target_sha: str, settings: dict,
                     train_cfg) -> tuple[list[list], str]:
     """Training-only sequences from more shard directories (recipes/experiments/genai_distill.py), without
     any response to a held-out prompt, so held-out agreement stays comparable and unseen."""
     from .adapter_source import distilled_data_dir
-    from .distill_data import load_prompt_ids, load_sequences
+    from .distill_data import load_prompt_ids, load_records
     from .train_adapter import split_holdout
 
     if not dirs:
         return [], ""
-    base_ids = load_prompt_ids(distilled_data_dir(checkpoint, target_sha, settings))
+    base_ids = load_prompt_ids(distilled_data_dir(target_sha, settings))
     held, _, _ = split_holdout(len(base_ids), train_cfg.holdout, train_cfg.seed)
     held_ids = {base_ids[i] for i in held}
     extra, dropped = [], 0
     for d in dirs:
-        pairs = list(zip(load_sequences(d), load_prompt_ids(d), strict=True))
-        extra.append([seq for seq, pid in pairs if pid not in held_ids])
-        dropped += len(pairs) - len(extra[-1])
+        records = load_records(d)
+        extra.append([(tokens, plen) for pid, tokens, plen in records if pid not in held_ids])
+        dropped += len(records) - len(extra[-1])
     tokens = sum(len(s) - p for part in extra for s, p in part)
     return extra, (f"; plus {sum(map(len, extra))} responses ({tokens} tokens) from {', '.join(map(str, dirs))}"
                    f" for training only ({dropped} to held-out prompts left out)")

@@ -26,6 +26,7 @@ transformers' greedy responses token for token (15 of 15 checked against the rec
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import time
 from pathlib import Path
@@ -53,19 +54,35 @@ def tokenize(args) -> None:
     ids_of = lambda text: np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], np.int32)  # noqa: E731
     np.savez(out / "template.npz", before=ids_of(before), after=ids_of(after),
              eos=np.array(sorted(_eos_ids(model, tokenizer)), np.int32))
-    np.savez(out / "prompts.npz", tokens=np.concatenate([np.asarray(i, np.int32) for i in ids]),
-             offsets=np.cumsum([0] + [len(i) for i in ids]).astype(np.int64),
-             ids=np.array([p["id"] for p in prompts]), eos=np.array(sorted(_eos_ids(model, tokenizer)), np.int32))
+    _save_prompts(out / "prompts.npz", ids, [p["id"] for p in prompts], sorted(_eos_ids(model, tokenizer)))
     print(f"{len(ids)} prompts, {sum(map(len, ids))} tokens -> {out / 'prompts.npz'}")
 
 
-def _cut(row: np.ndarray, eos: set[int]) -> list[int]:
-    out = []
-    for t in row.tolist():
-        out.append(t)
-        if t in eos:
-            break
-    return out
+def _distill_data():
+    """exporter/distill_data.py, the shard format's own module, loaded by path: the GenAI interpreter has
+    numpy (all that module imports) but not specexport."""
+    path = Path(__file__).resolve().parents[2] / "exporter" / "distill_data.py"
+    spec = importlib.util.spec_from_file_location("distill_data", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _save_prompts(path: Path, prompts: list, ids: list[str], eos: np.ndarray) -> None:
+    np.savez(path, tokens=np.concatenate([np.asarray(p, np.int32) for p in prompts]),
+             offsets=np.cumsum([0] + [len(p) for p in prompts]).astype(np.int64), ids=np.array(ids),
+             eos=np.asarray(eos, np.int32))
+
+
+def _run(og, model, batch: np.ndarray, **options) -> list[np.ndarray]:
+    """One GenAI generation of a batch of equal-length rows; every row's tokens after the prompt."""
+    params = og.GeneratorParams(model)
+    params.set_search_options(batch_size=len(batch), **options)
+    gen = og.Generator(model, params)
+    gen.append_tokens(batch)
+    while not gen.is_done():
+        gen.generate_next_token()
+    return [np.asarray(gen.get_sequence(r))[batch.shape[1]:] for r in range(len(batch))]
 
 
 def _buckets(lengths: np.ndarray, tolerance: int) -> list[list[int]]:
@@ -100,6 +117,7 @@ def generate(args) -> None:
     model = og.Model(og.Config(str(Path(args.genai_model).resolve())))
     bar = tqdm(total=len(prompts), unit="prompt", dynamic_ncols=True, mininterval=10.0)
     made, start = 0, time.perf_counter()
+    dd = _distill_data()
     for index, shard in enumerate(shards):
         path = out / f"shard_{index:05d}.npz"
         if path.exists():
@@ -112,31 +130,16 @@ def generate(args) -> None:
             width = max(len(prompts[i]) for i in rows)
             batch = np.array([np.concatenate([np.full(width - len(prompts[i]), args.pad, np.int32), prompts[i]])
                               for i in rows], np.int32)
-            params = og.GeneratorParams(model)
-            opts = dict(max_length=width + args.max_new_tokens, batch_size=len(rows))
-            if args.temperature > 0:
-                opts.update(do_sample=True, temperature=args.temperature, top_p=args.top_p,
-                            random_seed=args.seed * 100003 + index * 64 + b)
-            else:
-                opts.update(do_sample=False)
-            params.set_search_options(**opts)
-            gen = og.Generator(model, params)
-            gen.append_tokens(batch)
-            while not gen.is_done():
-                gen.generate_next_token()
-            for r, i in enumerate(rows):
-                resp = _cut(np.asarray(gen.get_sequence(r))[width:], eos)
-                records.append((str(names[i]), batch[r].tolist() + resp, width))
+            sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p,
+                            random_seed=args.seed * 100003 + index * 64 + b) if args.temperature > 0 else \
+                dict(do_sample=False)
+            for r, tokens in enumerate(_run(og, model, batch, max_length=width + args.max_new_tokens, **sampling)):
+                resp = dd._cut_after_eos(tokens.tolist(), eos)
+                records.append((str(names[rows[r]]), batch[r].tolist() + resp, width))
                 made += len(resp)
-            del gen
             bar.update(len(rows))
             bar.set_postfix(resp_tok_s=f"{made / (time.perf_counter() - start):.0f}")
-        tmp_path = out / f"partial_{index:05d}.npz"
-        np.savez(tmp_path, tokens=np.concatenate([np.asarray(s, np.int32) for _, s, _ in records]),
-                 offsets=np.cumsum([0] + [len(s) for _, s, _ in records]).astype(np.int64),
-                 prompt_lens=np.array([n for _, _, n in records], np.int32),
-                 ids=np.array([name for name, _, _ in records]))
-        tmp_path.rename(path)
+        dd._write_shard(path, records)
         bar.write(f"{path.name}: {made} response tokens, {made / (time.perf_counter() - start):.0f} tok/s")
     bar.close()
 
@@ -154,30 +157,22 @@ def queries(args) -> None:
     kept: list[np.ndarray] = []
     bar = tqdm(total=args.count, unit="query", dynamic_ncols=True, mininterval=10.0)
     b = 0
+    dd = _distill_data()
     while len(kept) < args.count:
-        params = og.GeneratorParams(model)
-        params.set_search_options(do_sample=True, temperature=args.temperature, top_p=args.top_p,
-                                  random_seed=args.seed * 100003 + b, max_length=len(before) + args.max_query_tokens,
-                                  batch_size=BATCH)
-        gen = og.Generator(model, params)
-        gen.append_tokens(np.tile(before, (BATCH, 1)).astype(np.int32))  # one length: no padding
-        while not gen.is_done():
-            gen.generate_next_token()
-        for r in range(BATCH):
-            q = np.asarray(gen.get_sequence(r))[len(before):].tolist()
+        rows = _run(og, model, np.tile(before, (BATCH, 1)).astype(np.int32),  # one length: no padding
+                    do_sample=True, temperature=args.temperature, top_p=args.top_p, random_seed=args.seed * 100003 + b,
+                    max_length=len(before) + args.max_query_tokens)
+        for tokens in rows:
+            q = dd._cut_after_eos(tokens.tolist(), eos)
             # a request that never ended, or a near-empty one, is not a prompt
-            if eos & set(q) and len(q) > 4:
-                q = q[:min(q.index(e) for e in eos & set(q))]
-                if len(q) >= 4 and len(kept) < args.count:
-                    kept.append(np.concatenate([before, np.asarray(q, np.int32), after]).astype(np.int32))
-                    bar.update()
-        del gen
+            if q and q[-1] in eos and len(q) - 1 >= 4 and len(kept) < args.count:
+                kept.append(np.concatenate([before, np.asarray(q[:-1], np.int32), after]))
+                bar.update()
         b += 1
     bar.close()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    np.savez(out / "prompts.npz", tokens=np.concatenate(kept), offsets=np.cumsum([0] + [len(k) for k in kept]),
-             ids=np.array([f"magpie-s{args.seed}-{i:05d}" for i in range(len(kept))]), eos=t["eos"])
+    _save_prompts(out / "prompts.npz", kept, [f"magpie-s{args.seed}-{i:05d}" for i in range(len(kept))], t["eos"])
     print(f"{len(kept)} requests from {b * BATCH} samples -> {out / 'prompts.npz'}")
 
 
