@@ -43,13 +43,22 @@ def distilled_data_dir(target_sha: str, settings: dict) -> Path:
 
 
 def train_for_target(model, checkpoint: Path, target_sha: str, exit_layer: int, settings: dict, out_dir: Path,
-                     command: str = "") -> Path:
-    """Self-distillation end to end: the target answers the shipped prompt set, then the adapter trains."""
+                     command: str = "", extra: list[list] = (), note: str = "") -> Path:
+    """Self-distillation end to end: the target answers the shipped prompt set, then the adapter trains
+    (on `extra` too: training-only sequences, `note` says where they came from)."""
     sequences = distilled_sequences(checkpoint, target_sha, settings)
     fields = TrainConfig.__dataclass_fields__
     cfg = TrainConfig(exit_layer=exit_layer, **{k: v for k, v in settings.items() if k in fields and k != "exit_layer"})
-    train(model, sequences, cfg, out_dir, target_sha, command=command)
+    train(model, sequences, cfg, out_dir, target_sha, command=command, data=describe_data(sequences, settings) + note,
+          extra=extra)
     return out_dir
+
+
+def describe_data(sequences: list, settings: dict) -> str:
+    """What the distilled sequences are, for the trained head's metadata."""
+    return (f"{len(sequences)} distilled responses ({settings.get('prompt_limit')} prompts of"
+            f" {settings.get('prompts') or 'recipes/data/train_prompts.jsonl'},"
+            f" {settings.get('max_new_tokens', 192)} new tokens)")
 
 
 def train_settings(recipe: dict) -> dict:

@@ -108,6 +108,21 @@ def compute_features(model, sequences: list[tuple[np.ndarray, int]], exit_layer:
     return Features(h_exit, h_final, prompt_lens)
 
 
+def with_extra(model, sequences: list[tuple[np.ndarray, int]], extra: list[list[tuple[np.ndarray, int]]],
+               exit_layer: int, target_sha: str) -> tuple[list[tuple[np.ndarray, int]], Features, int]:
+    """`sequences` followed by every training-only part of `extra`, their features (each part cached on its
+    own, so adding a part never recomputes the others) and how many lead: held-out sequences are drawn
+    from those alone."""
+    feats = compute_features(model, sequences, exit_layer, target_sha)
+    pool = len(sequences)
+    for part in extra:
+        more = compute_features(model, part, exit_layer, target_sha)
+        feats = Features(feats.h_exit + more.h_exit, feats.h_final + more.h_final,
+                         np.concatenate([feats.prompt_lens, more.prompt_lens]))
+        sequences = sequences + part
+    return sequences, feats, pool
+
+
 def split_holdout(n: int, holdout: float, seed: int) -> tuple[list[int], list[int], np.random.Generator]:
     """(held-out, training) sequence indices and the generator that then orders the training batches. The
     adapter and the drafter call it with the same seed, so they hold out the same sequences."""
@@ -211,9 +226,10 @@ def raw_exit_agreement(model, lm_head, feats: Features, idx: list[int], tokens: 
 
 
 def train(model, sequences: list[tuple[np.ndarray, int]], cfg: TrainConfig, out_dir: Path, target_sha: str,
-          command: str = "") -> dict:
+          command: str = "", data: str = "", extra: list[list[tuple[np.ndarray, int]]] = ()) -> dict:
     """Trains, writes ``adapter.safetensors`` + ``adapter.json`` to out_dir, returns the metadata.
-    Resumes from ``train_state.pt`` in out_dir when its config matches."""
+    Resumes from ``train_state.pt`` in out_dir when its config and data match. Held-out sequences are
+    drawn from `sequences` alone; each list in `extra` only trains."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if cfg.threads:
@@ -221,8 +237,9 @@ def train(model, sequences: list[tuple[np.ndarray, int]], cfg: TrainConfig, out_
     dims = dims_of(model.config, 16)
     if not 1 <= cfg.exit_layer <= dims.layers - 1:
         raise SpecExportError(f"exit layer {cfg.exit_layer} is outside 1..{dims.layers - 1} for this model")
-    feats = compute_features(model, sequences, cfg.exit_layer, target_sha)
-    held, train_idx, rng = split_holdout(len(sequences), cfg.holdout, cfg.seed)
+    sequences, feats, pool = with_extra(model, sequences, extra, cfg.exit_layer, target_sha)
+    held, train_idx, rng = split_holdout(pool, cfg.holdout, cfg.seed)
+    train_idx += range(pool, len(sequences))
     counts = response_counts(sequences, train_idx, dims.vocab)  # training responses only
     vocab_ids = pruned_vocab(counts, cfg.draft_vocab)
     vocab = None if vocab_ids is None else torch.from_numpy(vocab_ids)
@@ -281,7 +298,7 @@ def train(model, sequences: list[tuple[np.ndarray, int]], cfg: TrainConfig, out_
         "heldout_before": before, "heldout": final,
         "raw_exit_agreement": raw_exit_agreement(model, lm_head, feats, held, cfg.tokens_per_batch),
         "history": history, "train_seconds": round(time.time() - t0, 1), "command": command,
-        "draft_vocab": cfg.draft_vocab or None,
+        "draft_vocab": cfg.draft_vocab or None, "data": data,
     }
     save_adapter(adapter, out_dir, meta)
     np.save(out_dir / COUNTS_FILE, counts)

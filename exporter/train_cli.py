@@ -17,33 +17,41 @@ def _target(cfg: dict, model: str | None) -> model_source.ModelSource:
     return model_source.resolve(model)
 
 
+def _check_extra_data(dirs: tuple[Path, ...]) -> None:
+    """Refuses a directory without shards before any distillation or training time is spent."""
+    for d in dirs:
+        if not Path(d).is_dir() or not any(Path(d).glob("shard_*.npz")):
+            raise SpecExportError(f"--extra-data {d} holds no distillation shards (shard_*.npz); make them with"
+                                  " recipes/experiments/genai_distill.py")
+
+
 def train_adapter_command(out: Path, recipe: str | None = None, model: str | None = None, command: str = "",
-                          **overrides) -> dict:
+                          extra_data: tuple[Path, ...] = (), **overrides) -> dict:
     import json
 
-    from .train_adapter import META_FILE
+    from .train_adapter import META_FILE, TrainConfig
 
+    _check_extra_data(extra_data)
     cfg = load_recipe(recipe)
     source = _target(cfg, model)
     settings = train_settings(cfg)
     settings.update({k: v for k, v in overrides.items() if v is not None and k != "exit_layer"})
     exit_layer = overrides.get("exit_layer") or int(cfg["export"].get("exit_layer", 2))
+    split = TrainConfig(**{k: v for k, v in settings.items() if k in TrainConfig.__dataclass_fields__})  # holdout, seed
+    extra, note = extra_sequences(extra_data, source.origin_sha256, settings, split)
     torch_model, _ = model_source.load_model(source.checkpoint)
     train_for_target(torch_model, source.checkpoint, source.origin_sha256, exit_layer, settings, Path(out),
-                     command=command)
+                     command=command, extra=extra, note=note)
     return json.loads((Path(out) / META_FILE).read_text())
 
 
 def train_drafter_command(out: Path, recipe: str | None = None, model: str | None = None, command: str = "",
                           extra_data: tuple[Path, ...] = (), **overrides) -> dict:
     """Distils a Spec-Drafter on the adapter's data; settings: [drafter.train], then the options given."""
-    from .adapter_source import distilled_sequences
+    from .adapter_source import describe_data, distilled_sequences
     from .train_drafter import DrafterTrainConfig, train_drafter
 
-    for d in extra_data:  # before any distillation or training time is spent
-        if not Path(d).is_dir() or not any(Path(d).glob("shard_*.npz")):
-            raise SpecExportError(f"--extra-data {d} holds no distillation shards (shard_*.npz); make them with"
-                                  " recipes/experiments/genai_distill.py")
+    _check_extra_data(extra_data)
     cfg = load_recipe(recipe)
     source = _target(cfg, model)
     # the drafter learns from the adapter's distilled responses: same prompts, same length, same cache
@@ -55,8 +63,7 @@ def train_drafter_command(out: Path, recipe: str | None = None, model: str | Non
     train_cfg = DrafterTrainConfig(**{k: v for k, v in settings.items() if k in fields})
     torch_model, _ = model_source.load_model(source.checkpoint)
     sequences = distilled_sequences(source.checkpoint, source.origin_sha256, settings)
-    data = f"{len(sequences)} distilled responses ({settings.get('prompt_limit')} prompts of"
-    data += f" recipes/data/train_prompts.jsonl, {settings.get('max_new_tokens', 192)} new tokens)"
+    data = describe_data(sequences, settings)
     extra, note = extra_sequences(extra_data, source.origin_sha256, settings, train_cfg)
     return train_drafter(torch_model, sequences, train_cfg, Path(out), source.origin_sha256,
                          command=command, feature_layer=int(cfg["export"].get("exit_layer", 2)),

@@ -28,11 +28,11 @@ from .train_adapter import (
     Features,
     _batches,
     _seq_digest,
-    compute_features,
     cosine_lr,
     pruned_vocab,
     response_counts,
     split_holdout,
+    with_extra,
 )
 
 DRAFTER_FILE = "drafter.safetensors"
@@ -164,13 +164,7 @@ def train_drafter(model, sequences: list[tuple[np.ndarray, int]], cfg: DrafterTr
         torch.set_num_threads(cfg.threads)
     if len(sequences) < 2:  # held-out and training sequences both come from `sequences`
         raise SpecExportError(f"training a drafter needs at least two distilled sequences, got {len(sequences)}")
-    feats = compute_features(model, sequences, feature_layer, target_sha)
-    pool = len(sequences)
-    for part in extra:
-        more = compute_features(model, part, feature_layer, target_sha)
-        feats = Features(feats.h_exit + more.h_exit, feats.h_final + more.h_final,
-                         np.concatenate([feats.prompt_lens, more.prompt_lens]))
-        sequences = sequences + part
+    sequences, feats, pool = with_extra(model, sequences, extra, feature_layer, target_sha)
     held, train_idx, rng = split_holdout(pool, cfg.holdout, cfg.seed)  # the adapter's split
     train_idx += range(pool, len(sequences))
     vocab_size = int(model.config.vocab_size)

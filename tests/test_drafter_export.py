@@ -250,18 +250,23 @@ def test_train_drafter_cli(tiny_checkpoint, tmp_path):
     assert meta["config"]["steps"] == 3 and meta["draft_vocab"] is None and meta["command"].startswith("specexport")
 
 
-def test_extra_data_trains_but_never_holds_out(tiny_checkpoint, distilled_dir, tmp_path):
-    """--extra-data adds training sequences; a response to a held-out prompt is left out of them, so the
-    held-out set is the base data's and stays unseen."""
-    args = ["train-drafter", "--model", str(tiny_checkpoint), "--layers", "1", "--hidden", "64", "--steps", "2",
-            "--prompt-limit", "16", "--draft-vocab", "0"]
+TRAINERS = [("train-drafter", "drafter.json", ["--layers", "1", "--hidden", "64"]),
+            ("train-adapter", "adapter.json", [])]
+
+
+@pytest.mark.parametrize("command, meta_file, shape", TRAINERS)
+def test_extra_data_trains_but_never_holds_out(tiny_checkpoint, distilled_dir, tmp_path, command, meta_file, shape):
+    """--extra-data (drafter and adapter alike) adds training sequences; a response to a held-out prompt is
+    left out of them, so the held-out set is the base data's and stays unseen."""
+    args = [command, "--model", str(tiny_checkpoint), *shape, "--steps", "2", "--prompt-limit", "16",
+            "--draft-vocab", "0"]
     result = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "d"), "--extra-data", str(distilled_dir)])
     assert result.exit_code == 0, result.output
-    meta = json.loads((tmp_path / "d" / "drafter.json").read_text())
+    meta = json.loads((tmp_path / "d" / meta_file).read_text())
     # 16 base prompts, 1 held out; the 32 extra responses repeat those 16 prompts, so exactly 1 is left out
     assert meta["heldout_sequences"] == 1 and meta["train_sequences"] == 15 + 31
     assert "plus 31 responses" in meta["data"] and "(1 to held-out prompts left out)" in meta["data"]
 
     result = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "e"), "--extra-data", str(tmp_path / "nope")])
     assert result.exit_code != 0 and "holds no distillation shards" in result.output
-    assert not (tmp_path / "e" / "drafter.json").exists()
+    assert not (tmp_path / "e" / meta_file).exists()
