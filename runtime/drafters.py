@@ -238,6 +238,14 @@ class LookupDrafter:
                 return n, end
         return 0, -1
 
+    def agreement(self, history: list[int], end: int, cap: int) -> int:
+        """How many tokens, up to `cap`, end both the history and its earlier occurrence ending at `end`: the
+        length of the copy in progress, which the n-gram index alone caps at max_ngram."""
+        k = 0
+        while k < cap and end - k >= 0 and history[end - k] == history[len(history) - 1 - k]:
+            k += 1
+        return k
+
     def propose(self, history: list[int], budget: int, policy: DraftPolicy, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
         n, end = self.match(history)
@@ -325,6 +333,7 @@ class Estimate:
 
 
 PLAIN = "ar"  # the choice of drafting nothing: a plain target step
+COPY_RUN = 8  # tokens of agreement with an earlier occurrence from which auto treats a match as a copy
 
 
 def _drafter(choice: str) -> str:
@@ -338,8 +347,11 @@ class AutoDrafter:
 
     Lookup is a candidate only when it has a match of at least `lookup_min_ngram` tokens (it is free, and
     on prompts the answer repeats, such as summarization or RAG, its matches win); the others always
-    are. Lookup is one choice per match length (`lookup:2`, `lookup:3`), because a 3-token match goes on
-    copying far more often than a 2-token one, and one average over both mixes the two. Each choice
+    are. Lookup is one choice per length of the copy in progress (`lookup:2`, `lookup:3`, and `lookup:8` for
+    8 or more tokens that agree with the earlier occurrence), because a longer match goes on copying far more
+    often, and one average over all of them mixes spurious 2-token matches with a summary quoting its
+    source (measured: on summarization, the 2- and 3-token choices soured auto on lookup after a few
+    spurious matches while lookup alone ran at 1.9x AR). Each choice
     keeps running averages of its tokens and seconds per step; a choice not tried yet, or not for its
     revisit interval, is tried (the text changes, and so do the winners). A retry that still loses
     doubles that choice's interval, up to `max_revisit`, so a clear loser costs a few steps per
@@ -353,7 +365,8 @@ class AutoDrafter:
         self.drafters = {d.name: d for d in [*drafters, lookup]}
         self.lookup, self.lookup_min_ngram = lookup, lookup_min_ngram
         self.revisit, self.max_revisit = revisit, max_revisit
-        lookups = [f"{lookup.name}:{n}" for n in range(lookup_min_ngram, lookup.max_ngram + 1)]
+        self.lookup_lengths = (*range(lookup_min_ngram, lookup.max_ngram + 1), COPY_RUN)
+        lookups = [f"{lookup.name}:{n}" for n in self.lookup_lengths]
         choices = [*(d.name for d in drafters), *lookups, PLAIN]
         self.estimates = {name: Estimate(revisit=revisit) for name in choices}
         self.steps = stats.extra.setdefault("auto_steps", dict.fromkeys([*self.drafters, PLAIN], 0))
@@ -367,9 +380,10 @@ class AutoDrafter:
 
     def pick(self, history: list[int]) -> str:
         names = [n for n in self.estimates if _drafter(n) != self.lookup.name]
-        n = self.lookup.match(history)[0]
+        n, end = self.lookup.match(history)
         if n >= self.lookup_min_ngram:
-            names.append(f"{self.lookup.name}:{n}")
+            run = self.lookup.agreement(history, end, COPY_RUN)
+            names.append(f"{self.lookup.name}:{max(k for k in self.lookup_lengths if k <= run)}")
         stale = [n for n in names if self.estimates[n].steps == 0
                  or self.step - self.estimates[n].last_step > self.estimates[n].revisit]
         self.retry = bool(stale)

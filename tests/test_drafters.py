@@ -138,6 +138,29 @@ def test_lookup_drafts_what_followed_the_latest_match():
     assert [int(np.argmax(q)) for q in draft.qs] == draft.tokens and all(q.sum() == 1 for q in draft.qs)
 
 
+def test_auto_keys_lookup_by_the_copy_in_progress():
+    """A 2- or 3-token match and a long copy are separate choices with separate estimates: auto learns that
+    spurious short matches lose without souring on a summary that is quoting its source."""
+    from specexport.runtime.drafters import COPY_RUN, AutoDrafter
+    from specexport.runtime.stats import Stats
+
+    lookup = LookupDrafter(vocab_size=100, max_context=1000)
+    source = list(range(10, 30))  # the prompt's passage
+    quoting = [*source, 99, *source[:COPY_RUN + 2]]  # the answer has copied COPY_RUN + 2 of it so far
+    n, end = lookup.match(quoting)
+    assert (n, end) == (3, COPY_RUN + 1) and lookup.agreement(quoting, end, 50) == COPY_RUN + 2
+    assert lookup.agreement(quoting, end, 4) == 4  # capped
+    auto = AutoDrafter([], lookup, Stats(mode="auto"))
+    for name, seconds in (("lookup:2", 0.015), ("lookup:3", 0.015), ("ar", 0.01)):  # each tried once: one
+        auto.record(name, 1, seconds)  # token per step, the lookups slower for verifying their drafts
+    assert auto.pick(quoting) == f"lookup:{COPY_RUN}"  # untried: tried first, under its own name
+    auto.record(f"lookup:{COPY_RUN}", 11, 0.015)
+    auto.step += 1
+    assert auto.pick([*quoting, source[COPY_RUN + 2]]) == f"lookup:{COPY_RUN}"  # the copy goes on: it leads
+    short = [*source, 99, source[0], source[1], 98, source[0], source[1]]  # a 2-token match, no copy
+    assert auto.pick(short) == "ar"  # lookup:2 lost to a plain step; the long copy's lead is not its own
+
+
 def test_model_and_hier_on_the_standard_flavour(drafter_bundle):
     """The standard flavour swaps cache buffers instead of writing in place: rollback must still hold."""
     s = load(drafter_bundle("standard"), threads=1)
