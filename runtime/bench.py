@@ -7,9 +7,9 @@ Method (Spec-Bench's, on one machine):
 - the prompt is tokenized once by the bundle and every system gets the same token ids;
 - greedy, batch 1, at most ``max_new_tokens`` new tokens, stopping at EOS (EOS is not counted);
 - every system gets the same number of intra-op threads;
-- per question every system runs once, the order rotated by one system from question to question, so
-  drift of the machine (other jobs, heat) hits all systems alike; each system first runs one untimed
-  warm-up;
+- per question every system runs once (or `repeats` times, round after round, keeping each system's run
+  of median time), the order rotated by one system from question to question, so drift of the machine
+  (other jobs, heat) hits all systems alike; each system first runs one untimed warm-up;
 - a run's time is the wall clock of the call from prompt ids to new ids, prefill included; ratios are
   taken per question and summarised by their median (bench_metrics).
 
@@ -62,6 +62,7 @@ class BenchConfig:
     policies: list[str] | None = None  # (None, None: each mode once, as the session's defaults)
     baselines: list[str] = field(default_factory=lambda: list(DEFAULT_BASELINES))
     warmup: bool = True
+    repeats: int = 1  # rounds per question; each record is a system's run of median time
     memory: bool = True
     threads: int | None = None  # None: bench_machine.default_threads()
     genai_python: str | None = None  # None: bench_ortgenai.find_python()
@@ -163,6 +164,8 @@ def check_config(cfg: BenchConfig) -> None:
         raise SpecExportError("--max-new-tokens must be at least 1")
     if cfg.threads is not None and cfg.threads < 1:
         raise SpecExportError("--threads must be at least 1")
+    if cfg.repeats < 1:
+        raise SpecExportError("--repeats must be at least 1")
     unknown = [b for b in cfg.baselines if b not in BASELINES]
     if unknown:
         raise SpecExportError(f"unknown baseline {unknown[0]!r}; use any of {', '.join(BASELINES)} (or none)")
@@ -204,44 +207,60 @@ def start_systems(candidates: Sequence[System], skipped: dict[str, str], warmup:
 
 def run_interleaved(systems: Sequence[System], questions: Sequence[Question],
                     prompts: Sequence[tuple[list[int], bool]], max_new_tokens: int, skipped: dict[str, str],
-                    progress: Progress | None = None, log: Callable[[str], None] = print) -> list[dict]:
+                    progress: Progress | None = None, log: Callable[[str], None] = print,
+                    repeats: int = 1) -> list[dict]:
     """Every system on question 1, then every system on question 2, ..., the order rotated by one system
-    per question, so no system always runs right after the same other one. A baseline or speculative
-    mode that fails stops there (the reason goes to `skipped`, its earlier records stay); the reference
-    failing is an error. `progress(system, question, record)` follows every run (record None when the
-    system failed or had failed)."""
+    per question (and per repeat), so no system always runs right after the same other one. With
+    `repeats` > 1 each question goes round that many times and each system's record is its run of median
+    time (`seconds_runs` keeps them all), so one busy moment of a shared machine does not decide a ratio. A
+    baseline or speculative mode that fails stops there (the reason goes to `skipped`, its records of
+    earlier questions stay); the reference failing is an error. `progress(system, question, record)`
+    follows every run (record None when the system failed or had failed)."""
     names = [s.name for s in systems]
     if REFERENCE not in names:
         raise ValueError(f"the reference system {REFERENCE} must be among the systems")
     records: list[dict] = []
     for i, (q, (ids, cut)) in enumerate(zip(questions, prompts, strict=True)):
-        k = i % len(systems)
-        order = [*systems[k:], *systems[:k]]
-        q_records, outputs = [], {}
-        for system in order:
-            record = None
-            try:
-                if system.name in skipped:  # failed on an earlier question
-                    continue
-                try:
-                    result = system.generate(ids, max_new_tokens)
-                except Exception as exc:
-                    if system.name == REFERENCE:
-                        raise
-                    skipped[system.name] = (f"failed on question {q.question_id}: {type(exc).__name__}: {exc};"
-                                            " its figures cover the questions before it")
-                    log(f"{system.name}: {skipped[system.name]}")
-                    continue
-                record = make_record(q.question_id, q.category, system.name, result, len(ids), cut)
-                q_records.append(record)
-                outputs[system.name] = result.tokens
-            finally:
+        runs: dict[str, list] = {}
+        for rep in range(repeats):
+            k = (i + rep) % len(systems)
+            for system in [*systems[k:], *systems[:k]]:
+                result = _run(system, q, ids, max_new_tokens, skipped, log)
+                if result is not None:
+                    runs.setdefault(system.name, []).append(result)
                 if progress:
-                    progress(system.name, q, record)
+                    progress(system.name, q, None if result is None else
+                             make_record(q.question_id, q.category, system.name, result, len(ids), cut))
+        q_records, outputs = [], {}
+        for name, results in runs.items():
+            if name in skipped:  # failed on a later repeat of this question
+                continue
+            median = sorted(results, key=lambda r: r.seconds)[(len(results) - 1) // 2]
+            record = make_record(q.question_id, q.category, name, median, len(ids), cut)
+            if repeats > 1:
+                record["seconds_runs"] = [r.seconds for r in results]
+            q_records.append(record)
+            outputs[name] = median.tokens
         compare_to_reference(q_records, outputs)
         q_records.sort(key=lambda r: names.index(r["system"]))
         records.extend(q_records)
     return records
+
+
+def _run(system: System, q: Question, ids: list[int], max_new_tokens: int, skipped: dict[str, str],
+         log: Callable[[str], None]):
+    """One timed generation, or None when the system had failed before or fails now (noted in `skipped`)."""
+    if system.name in skipped:
+        return None
+    try:
+        return system.generate(ids, max_new_tokens)
+    except Exception as exc:
+        if system.name == REFERENCE:
+            raise
+        skipped[system.name] = (f"failed on question {q.question_id}: {type(exc).__name__}: {exc};"
+                                " its figures cover the questions before it")
+        log(f"{system.name}: {skipped[system.name]}")
+        return None
 
 
 def prepare_prompts(session: Session, questions: Sequence[Question],
@@ -281,8 +300,9 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None, log: Callable[
     systems, setup_s = start_systems(candidates, skipped, warmup, log)
     try:
         if total_hook:
-            total_hook(len(systems) * len(questions))
-        records = run_interleaved(systems, questions, prompts, cfg.max_new_tokens, skipped, progress, log)
+            total_hook(len(systems) * len(questions) * cfg.repeats)
+        records = run_interleaved(systems, questions, prompts, cfg.max_new_tokens, skipped, progress, log,
+                                  cfg.repeats)
     finally:
         for system in systems:
             system.close()
@@ -316,7 +336,7 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None, log: Callable[
         "settings": {
             "questions": str(qpath), "categories": list(dict.fromkeys(q.category for q in questions)),
             "limit": cfg.limit, "max_new_tokens": cfg.max_new_tokens, "max_prompt_tokens": cfg.max_prompt_tokens,
-            "greedy": True, "batch_size": 1, "warmup": cfg.warmup, "threads": threads,
+            "greedy": True, "batch_size": 1, "warmup": cfg.warmup, "repeats": cfg.repeats, "threads": threads,
             "thread_pool": thread_pool(), "schedules": cfg.schedules, "policies": cfg.policies,
             "reference": REFERENCE, "systems": order,
         },

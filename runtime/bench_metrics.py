@@ -30,7 +30,8 @@ KEYS = {
                 " versions in the interpreter that builds and runs ONNX Runtime GenAI (null if none ran)",
     "bundle": "path, name, precision, flavour, exit_layer, pieces and source checkpoint of the bundle",
     "settings": "questions file, categories, limit (per category), max_new_tokens, max_prompt_tokens, greedy,"
-                " batch_size, warmup, threads (intra-op threads given to every system), thread_pool ('shared': one"
+                " batch_size, warmup, repeats (rounds per question; a record is the run of median time), threads"
+                " (intra-op threads given to every system), thread_pool ('shared': one"
                 " process-wide ONNX Runtime pool; 'per-session': a pool per piece, as PEARL needs), schedules and"
                 " policies (--schedule, --policy; null when not given), reference, systems (the run order of the"
                 " first question; it rotates by one per question)",
@@ -66,7 +67,8 @@ KEYS = {
     "records": "one per question and system: question_id, category, system, prompt_tokens, prompt_cut,"
                " new_tokens, seconds, tokens_per_s, steps, drafted, accepted, mean_accepted_tokens,"
                " acceptance_rate, speedup, identical_to_ar, first_mismatch (index of the first token that"
-               " differs from the reference, null if none), finish_reason (eos|length)",
+               " differs from the reference, null if none), finish_reason (eos|length); with --repeats > 1 also"
+               " seconds_runs (every round's seconds; the record's figures are the median round's)",
 }
 
 

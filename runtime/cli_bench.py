@@ -48,11 +48,13 @@ def register(main: click.Group) -> None:
                   help="Interpreter with onnxruntime-genai (and transformers >= 5 for its builder) that builds and"
                   " runs the ortgenai baselines. Default: .venv-genai/bin/python (made by `make bench-env`) when"
                   " present, else this interpreter.")
+    @click.option("--repeats", type=int, default=1, show_default=True, help="Rounds per question; each system's"
+                  " figure for a question is its run of median time (a shared machine's busy moments drop out).")
     @click.option("--no-warmup", is_flag=True, help="Skip each system's untimed warm-up run.")
     @click.option("--no-memory", is_flag=True, help="Skip the peak-memory probe of `specexport generate`.")
     @click.option("--json", "as_json", is_flag=True, help="Print report.json on stdout.")
     def bench(bundle, questions, categories, limit, max_new_tokens, max_prompt_tokens, modes, schedules, policies,
-              baselines, out, threads, genai_python, no_warmup, no_memory, as_json) -> None:
+              baselines, out, threads, genai_python, repeats, no_warmup, no_memory, as_json) -> None:
         """Spec-Bench through the bundle's modes and its peers, interleaved per question; writes
         report.json, report.md and report.png. Baselines whose package is missing are skipped with the
         reason (`make bench-env` installs them).
@@ -72,7 +74,7 @@ def register(main: click.Group) -> None:
         cfg = BenchConfig(bundle=bundle, questions=questions, categories=_csv(categories), limit=limit,
                           max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens, modes=_csv(modes),
                           schedules=_csv(schedules), policies=_csv(policies),
-                          baselines=_csv(baselines) or [], warmup=not no_warmup, memory=not no_memory,
+                          baselines=_csv(baselines) or [], warmup=not no_warmup, repeats=repeats, memory=not no_memory,
                           threads=threads, genai_python=genai_python, command=" ".join(["specexport", *sys.argv[1:]]))
         bar = tqdm(total=0, unit="run", file=sys.stderr, dynamic_ncols=True, disable=None)
 

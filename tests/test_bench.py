@@ -20,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 from specexport.exporter import hf_baseline
 from specexport.runtime import bench_ortgenai, bench_report, bench_systems
-from specexport.runtime.bench import run_interleaved, start_systems
+from specexport.runtime.bench import BenchConfig, run_bench, run_interleaved, start_systems
 from specexport.runtime.bench_machine import default_threads
 from specexport.runtime.bench_metrics import (
     KEYS,
@@ -259,6 +259,34 @@ def test_interleaved_rotates_order_and_handles_failures():
         (3, REFERENCE), (3, "specexport-self")]
     assert all(r["identical_to_ar"] is False for r in records if r["system"] == "specexport-self")
     assert records[2]["identical_to_ar"] is True
+
+
+def test_repeats_keep_each_systems_run_of_median_time():
+    """With repeats, every question goes round that many times (the order rotating every round) and a
+    record is the system's median run: one slow round does not decide its ratio."""
+
+    class Timed(FakeSystem):
+        def __init__(self, name, times, **kw):
+            super().__init__(name, **kw)
+            self.times = list(times)
+
+        def generate(self, prompt_ids, max_new_tokens):
+            result = super().generate(prompt_ids, max_new_tokens)
+            return RunResult(result.tokens, self.times.pop(0), steps=result.steps)
+
+    calls: list = []
+    systems = [Timed(REFERENCE, [0.2, 0.9, 0.2], calls=calls), Timed("hf", [0.1, 0.1, 5.0], calls=calls)]
+    seen = []
+    records = run_interleaved(systems, [Question(1, "qa", "x")], [([1], False)], 8, {},
+                              progress=lambda s, q, r: seen.append(s), log=lambda m: None, repeats=3)
+    assert [c[0] for c in calls] == [REFERENCE, "hf", "hf", REFERENCE, REFERENCE, "hf"]
+    assert len(seen) == 6
+    ref, hf = records
+    assert ref["seconds"] == 0.2 and ref["seconds_runs"] == [0.2, 0.9, 0.2]
+    assert hf["seconds"] == 0.1 and hf["seconds_runs"] == [0.1, 0.1, 5.0]
+    assert hf["speedup"] == pytest.approx(2.0)  # the medians: 0.2 s against 0.1 s, not 0.9 or 5.0
+    with pytest.raises(SpecExportError, match="--repeats must be at least 1"):
+        run_bench(BenchConfig(bundle=Path("nowhere"), repeats=0))
 
 
 def test_reference_failure_is_an_error_and_skips_are_reported():
