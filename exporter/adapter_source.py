@@ -43,15 +43,39 @@ def distilled_data_dir(target_sha: str, settings: dict) -> Path:
 
 
 def train_for_target(model, checkpoint: Path, target_sha: str, exit_layer: int, settings: dict, out_dir: Path,
-                     command: str = "", extra: list[list] = (), note: str = "") -> Path:
+                     command: str = "", extra_data: tuple[Path, ...] | list[Path] = ()) -> Path:
     """Self-distillation end to end: the target answers the shipped prompt set, then the adapter trains
-    (on `extra` too: training-only sequences, `note` says where they came from)."""
+    (on the shards in `extra_data` too, for training only)."""
     sequences = distilled_sequences(checkpoint, target_sha, settings)
     fields = TrainConfig.__dataclass_fields__
     cfg = TrainConfig(exit_layer=exit_layer, **{k: v for k, v in settings.items() if k in fields and k != "exit_layer"})
+    extra, note = extra_sequences(extra_data, target_sha, settings, cfg)  # the base responses exist by now
     train(model, sequences, cfg, out_dir, target_sha, command=command, data=describe_data(sequences, settings) + note,
           extra=extra)
     return out_dir
+
+
+def extra_sequences(dirs: tuple[Path, ...] | list[Path], target_sha: str, settings: dict,
+                    train_cfg) -> tuple[list[list], str]:
+    """Training-only sequences from more shard directories (recipes/experiments/genai_distill.py), without
+    any response to a held-out prompt, so held-out agreement stays comparable and unseen. Call it after
+    distilled_sequences: the held-out prompts are read from the base responses."""
+    from .distill_data import load_prompt_ids, load_records
+    from .train_adapter import split_holdout
+
+    if not dirs:
+        return [], ""
+    base_ids = load_prompt_ids(distilled_data_dir(target_sha, settings))
+    held, _, _ = split_holdout(len(base_ids), train_cfg.holdout, train_cfg.seed)
+    held_ids = {base_ids[i] for i in held}
+    extra, dropped = [], 0
+    for d in dirs:
+        records = load_records(d)
+        extra.append([(tokens, plen) for pid, tokens, plen in records if pid not in held_ids])
+        dropped += len(records) - len(extra[-1])
+    tokens = sum(len(s) - p for part in extra for s, p in part)
+    return extra, (f"; plus {sum(map(len, extra))} responses ({tokens} tokens) from {', '.join(map(str, dirs))}"
+                   f" for training only ({dropped} to held-out prompts left out)")
 
 
 def describe_data(sequences: list, settings: dict) -> str:

@@ -221,26 +221,25 @@ def run_interleaved(systems: Sequence[System], questions: Sequence[Question],
         raise ValueError(f"the reference system {REFERENCE} must be among the systems")
     records: list[dict] = []
     for i, (q, (ids, cut)) in enumerate(zip(questions, prompts, strict=True)):
-        runs: dict[str, list] = {}
+        runs: dict[str, list[tuple[dict, list[int]]]] = {}  # system -> (record, output) per round
         for rep in range(repeats):
             k = (i + rep) % len(systems)
             for system in [*systems[k:], *systems[:k]]:
                 result = _run(system, q, ids, max_new_tokens, skipped, log)
+                record = None
                 if result is not None:
-                    runs.setdefault(system.name, []).append(result)
+                    record = make_record(q.question_id, q.category, system.name, result, len(ids), cut)
+                    runs.setdefault(system.name, []).append((record, result.tokens))
                 if progress:
-                    progress(system.name, q, None if result is None else
-                             make_record(q.question_id, q.category, system.name, result, len(ids), cut))
+                    progress(system.name, q, record)
         q_records, outputs = [], {}
-        for name, results in runs.items():
+        for name, rounds in runs.items():
             if name in skipped:  # failed on a later repeat of this question
                 continue
-            median = sorted(results, key=lambda r: r.seconds)[(len(results) - 1) // 2]
-            record = make_record(q.question_id, q.category, name, median, len(ids), cut)
+            record, outputs[name] = sorted(rounds, key=lambda r: r[0]["seconds"])[(len(rounds) - 1) // 2]
             if repeats > 1:
-                record["seconds_runs"] = [r.seconds for r in results]
+                record["seconds_runs"] = [r["seconds"] for r, _ in rounds]
             q_records.append(record)
-            outputs[name] = median.tokens
         compare_to_reference(q_records, outputs)
         q_records.sort(key=lambda r: names.index(r["system"]))
         records.extend(q_records)

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from specexport.exporter import model_source
-from specexport.exporter.adapter_source import distilled_sequences
+from specexport.exporter.adapter_source import distilled_sequences, extra_sequences
 from specexport.exporter.recipe import load_recipe
 from specexport.exporter.train_adapter import (
     _batches,
@@ -39,8 +39,8 @@ from specexport.exporter.train_adapter import (
     split_holdout,
     with_extra,
 )
-from specexport.exporter.train_cli import _target, extra_sequences
-from specexport.exporter.train_drafter import DrafterTrainConfig, Teacher
+from specexport.exporter.train_cli import _target, drafter_settings
+from specexport.exporter.train_drafter import Teacher
 from torch import nn
 from torch.nn import functional as F
 
@@ -118,10 +118,7 @@ def main() -> None:
 
     recipe = load_recipe(None)
     source = _target(recipe, None)
-    settings = {k: v for k, v in recipe["adapter"]["train"].items()
-                if k in ("prompts", "prompt_limit", "max_new_tokens", "batch_size")}
-    settings.update(recipe.get("drafter", {}).get("train", {}))
-    cfg = DrafterTrainConfig(**{k: v for k, v in settings.items() if k in DrafterTrainConfig.__dataclass_fields__})
+    settings, cfg = drafter_settings(recipe)
     target, _ = model_source.load_model(source.checkpoint)
     base = distilled_sequences(source.checkpoint, source.origin_sha256, settings)
     extra, _ = extra_sequences(args.extra_data, source.origin_sha256, settings, cfg)
