@@ -94,6 +94,10 @@ class PieceGraph:
         self.kv_dtype = np.dtype(float_dtype)
         b = self.b
         self.position_ids = b.input("position_ids", np.int64, ["batch", "seq"])
+        # added to the attention scores before softmax: zeros for a chain of tokens, -inf between the
+        # branches of a token tree (a tree's tokens take consecutive cache slots but positions by depth)
+        width = "total_len" if flavour == "ort" else "cache_len"
+        self.attention_bias = b.input("attention_bias", self.kv_dtype, ["batch", 1, "seq", width])
         if flavour == "ort":
             self.seqlens_k = b.input("seqlens_k", np.int32, ["batch"])
             self.total_len = b.input("total_sequence_length", np.int32, [])
@@ -161,7 +165,8 @@ class PieceGraph:
             qkv = self.linear(x, packed, bias)
             attn, _, _ = b.op(
                 "GroupQueryAttention",
-                [qkv, "", "", past_k, past_v, self.seqlens_k, self.total_len, self.cos, self.sin],
+                [qkv, "", "", past_k, past_v, self.seqlens_k, self.total_len, self.cos, self.sin,
+                 self.position_ids, self.attention_bias],
                 n_out=3, domain=MS_DOMAIN, num_heads=d.heads, kv_num_heads=d.kv_heads, do_rotary=1,
                 rotary_interleaved=0, scale=float(d.head_dim**-0.5))
             # GQA names its outputs itself; rename the cache outputs to the contract's names
@@ -181,8 +186,12 @@ class PieceGraph:
         v = b.op("Reshape", [self.linear(x, w.v, w.v_bias), b.const([0, 0, d.kv_heads, d.head_dim])])
         k = b.op("Transpose", [k], perm=[0, 2, 1, 3])  # [b, Hkv, s, hd]
         v = b.op("Transpose", [v], perm=[0, 2, 1, 3])
-        # scatter the new keys/values into the cache buffer at their positions
-        idx = b.op("Unsqueeze", [self.position_ids, b.const([1, 3])])  # [b, 1, s, 1]
+        # the new keys/values take consecutive cache slots from the first token's position (a chain's
+        # positions, or a token tree's, whose positions repeat by depth)
+        first = b.op("Slice", [self.position_ids, b.const([0]), b.const([1]), b.const([1])])  # [b, 1]
+        seq = b.op("Gather", [b.op("Shape", [self.position_ids]), b.const(1)], axis=0)
+        slots = b.op("Add", [first, b.op("Range", [b.const(0), seq, b.const(1)])])
+        idx = b.op("Unsqueeze", [slots, b.const([1, 3])])  # [b, 1, s, 1]
         idx = b.op("Expand", [idx, b.op("Shape", [k])])
         b.op("ScatterElements", [past_k, idx, k], name=present_k, axis=2)
         b.op("ScatterElements", [past_v, idx, v], name=present_v, axis=2)
@@ -194,11 +203,13 @@ class PieceGraph:
         keys = b.op("Unsqueeze", [present_k, b.const([2])])
         vals = b.op("Unsqueeze", [present_v, b.const([2])])
         scores = b.op("MatMul", [q, b.op("Transpose", [keys], perm=[0, 1, 2, 4, 3])])
-        # causal mask by position: key j is visible to a query at position p iff j <= p
+        # causal mask by slot: the key in slot j is visible to the query in slot i iff j <= i (so stale
+        # slots past a rollback are never read); the bias then cuts a tree's other branches
+        scores = b.op("Add", [scores, b.op("Unsqueeze", [self.attention_bias, b.const([2])])])
         total = b.op("Gather", [b.op("Shape", [present_k]), b.const(2)], axis=0)
-        key_pos = b.op("Range", [b.const(0), total, b.const(1)])
-        qpos = b.op("Unsqueeze", [self.position_ids, b.const([1, 2, 4])])  # [b,1,1,s,1]
-        visible = b.op("LessOrEqual", [key_pos, qpos])  # [b,1,1,s,T]
+        key_slot = b.op("Range", [b.const(0), total, b.const(1)])
+        qslot = b.op("Unsqueeze", [slots, b.const([1, 2, 4])])  # [b,1,1,s,1]
+        visible = b.op("LessOrEqual", [key_slot, qslot])  # [b,1,1,s,T]
         neg = b.const(np.asarray(np.finfo(self.kv_dtype).min, dtype=self.kv_dtype), dtype=self.kv_dtype)
         scores = b.op("Where", [visible, scores, neg])
         if self.kv_dtype == np.float16:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from .backend import TensorSpec, control_feeds
+from .backend import TensorSpec, bias_spec, control_feeds
 from .errors import SpecExportError
 
 _shared_pool_threads: int | None = None  # size of the process-wide intra-op pool, once enabled
@@ -67,14 +67,18 @@ class OrtPiece:
         self.input_names = {t.name for t in self.inputs}
         self.result_names = [t.name for t in self.outputs if not t.name.startswith("present_")]
         self.binding = self.session.io_binding()
+        self.max_context = max_context
         self._caches: list[tuple[str, str, list[ort.OrtValue]]] = []
+        self._arrays: list[list[np.ndarray]] = []  # the caches' memory: ORT's CPU OrtValues share it
         for t in self.inputs:
             if not t.name.startswith("past_"):
                 continue
             shape = [1 if d == "batch" else max_context if d == "cache_len" else d for d in t.shape]
             n_buffers = 1 if self.kv_mode == "shared" else 2
-            buffers = [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype=t.dtype)) for _ in range(n_buffers)]
+            arrays = [np.zeros(shape, dtype=t.dtype) for _ in range(n_buffers)]
+            buffers = [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
             self._caches.append((t.name, t.name.replace("past_", "present_", 1), buffers))
+            self._arrays.append(arrays)
 
     def _bind_outputs(self) -> None:
         # results are rebound every call: ORT would otherwise reuse last call's (differently shaped) output
@@ -85,11 +89,12 @@ class OrtPiece:
         for name in self.result_names:
             self.binding.bind_output(name, "cpu")
 
-    def run(self, x: np.ndarray, start: int, keep: int = 1) -> dict[str, np.ndarray]:
+    def run(self, x: np.ndarray, start: int, keep: int = 1, parents: list[int] | None = None) -> dict[str, np.ndarray]:
         n = x.shape[1]
         self._bind_outputs()
         self.binding.bind_cpu_input(self.primary, x)
-        for name, value in control_feeds(self.input_names, start, n, keep).items():
+        bias = bias_spec(self.inputs, start, n, self.max_context)
+        for name, value in control_feeds(self.input_names, start, n, keep, parents, bias).items():
             self.binding.bind_cpu_input(name, value)
         self.session.run_with_iobinding(self.binding)
         values = self.binding.get_outputs()
@@ -97,6 +102,14 @@ class OrtPiece:
         results = dict(zip(self.result_names, (v.numpy() for v in values[-len(self.result_names):]),
                            strict=True))
         if self.kv_mode == "swap":
-            for _, _, buffers in self._caches:
+            for (_, _, buffers), arrays in zip(self._caches, self._arrays, strict=True):
                 buffers.reverse()
+                arrays.reverse()
         return results
+
+    def keep_slots(self, start: int, slots: list[int]) -> None:
+        if list(slots) == list(range(start, start + len(slots))):
+            return  # the branch already sits where the sequence goes on
+        for arrays in self._arrays:
+            cache = arrays[0]  # the next call's past ([batch, kv_heads, cache_len, head_dim])
+            cache[:, :, start:start + len(slots)] = cache[:, :, slots]

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .backend import TensorSpec, control_feeds
+from .backend import TensorSpec, bias_spec, control_feeds
 from .errors import SpecExportError
 
 PRIMARY_INPUTS = ("input_ids", "hidden_in")
@@ -243,6 +243,7 @@ class TrtPiece:
                 for buf in buffers:  # zeroed once; positions past the query are masked anyway
                     cuda_check(cudart.cudaMemsetAsync(buf.ptr, 0, buf.nbytes, self.stream), "cudaMemsetAsync")
                 self._kv.append((t.name, present, buffers, shape))
+        self._kv_dtype = next((t.dtype for t in self.inputs if t.name.startswith("past_")), "float32")
         self._in = {t.name: self._alloc(self._capacity(t)) for t in self.inputs
                     if not t.name.startswith("past_") and t.name not in self.shape_tensors}
         self._host_shape_values = {t.name: np.zeros([int(d) for d in t.shape], dtype=t.dtype)
@@ -310,8 +311,8 @@ class TrtPiece:
         """The device buffer of input `name` (PEARL's handoff copies shallow states into deep's directly)."""
         return self._in[name].ptr
 
-    def run(self, x: np.ndarray, start: int, keep: int = 1, device_in: int | None = None,
-            device_out: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+    def run(self, x: np.ndarray, start: int, keep: int = 1, parents: list[int] | None = None,
+            device_in: int | None = None, device_out: dict[str, int] | None = None) -> dict[str, np.ndarray]:
         """`device_in`: the primary input is already at this device address (x then only gives its shape);
         `device_out`: outputs written to these device addresses instead of the piece's own buffers (the
         host copies are still returned). Both are for runtime/trt_pearl.py; by default neither is used."""
@@ -320,7 +321,8 @@ class TrtPiece:
             raise SpecExportError(f"positions {start}..{start + n - 1} exceed the {self.max_context}-token KV cache")
         index = select_profile(self.profiles, n, keep)
         ctx = self.contexts[index]
-        feeds = control_feeds(self.input_names, start, n, keep)
+        feeds = control_feeds(self.input_names, start, n, keep, parents,
+                              bias_spec(self.inputs, start, n, self.max_context))
         feeds[self.primary.name] = np.ascontiguousarray(x, dtype=self.primary.dtype)
         for name, value in feeds.items():
             if name in self.shape_tensors:  # shape tensors are read from host memory
@@ -357,6 +359,28 @@ class TrtPiece:
         for _, _, buffers, _ in self._kv:  # the updated cache is the next call's past (a no-op in place)
             buffers.reverse()
         return results
+
+    def keep_slots(self, start: int, slots: list[int]) -> None:
+        """On the device: each cache is [1, kv_heads, cache_len, head_dim], so one slot of every head is a
+        column of a pitched 2-D copy; runs of consecutive slots go in one copy. Sources never lie below
+        their destinations, so copying in order never overwrites a source still to be read."""
+        kind = self.cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice
+        runs: list[list[int]] = []  # [destination, source, length]
+        for i, slot in enumerate(slots):
+            if slot == start + i:
+                continue
+            if runs and runs[-1][0] + runs[-1][2] == start + i and runs[-1][1] + runs[-1][2] == slot:
+                runs[-1][2] += 1
+            else:
+                runs.append([start + i, slot, 1])
+        for _, _, buffers, shape in self._kv:
+            _, heads, cache_len, head_dim = shape
+            row = head_dim * np.dtype(self._kv_dtype).itemsize
+            for dst, src, length in runs:
+                cuda_check(self.cudart.cudaMemcpy2DAsync(
+                    buffers[0].ptr + dst * row, cache_len * row, buffers[0].ptr + src * row, cache_len * row,
+                    length * row, heads, kind, self.stream), "cudaMemcpy2DAsync")
+        cuda_check(self.cudart.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
 
     def close(self) -> None:
         self.contexts = []

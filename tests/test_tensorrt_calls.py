@@ -216,6 +216,7 @@ class CudaRuntimeDouble:
     class cudaMemcpyKind:
         cudaMemcpyHostToDevice = 1
         cudaMemcpyDeviceToHost = 2
+        cudaMemcpyDeviceToDevice = 3
 
     def __init__(self, major=8, minor=7):
         self.calls: list[tuple] = []
@@ -245,6 +246,10 @@ class CudaRuntimeDouble:
 
     def cudaMemcpyAsync(self, dst, src, nbytes, kind, stream):
         self.calls.append(("cudaMemcpyAsync", kind, nbytes))
+        return (0,)
+
+    def cudaMemcpy2DAsync(self, dst, dpitch, src, spitch, width, height, kind, stream):
+        self.calls.append(("cudaMemcpy2DAsync", dst, dpitch, src, spitch, width, height, kind))
         return (0,)
 
     def cudaStreamSynchronize(self, stream):
@@ -369,6 +374,26 @@ def test_trt_piece_call_order_and_kv_swap(bundle):
     run(1, 28, 1)
     d2h = [c for c in cuda.calls if c[0] == "cudaMemcpyAsync" and c[1] == 2]
     assert len(d2h) == 1 and d2h[0][2] == 300 * 4
+    piece.close()
+
+
+def test_trt_piece_tree_call_and_kept_branch_copies(bundle):
+    """A token tree's call feeds an attention_bias as wide as the cache; keeping a branch copies each cache's
+    moved slots on the device, one pitched copy (every KV head) per run of consecutive slots."""
+    trt, cuda = TensorRTDouble(), CudaRuntimeDouble()
+    build_engines(bundle, trt=trt, cudart=cuda, log=lambda m: None)
+    piece = open_trt_piece(load_bundle(bundle), "deep", trt=trt, cudart=cuda)
+    trt.calls.clear()
+    piece.run(np.zeros((1, 5, 64), np.float16), 21, keep=5, parents=[-1, 0, 0, 1, 2])
+    shapes = {c[2]: c[3] for c in trt.calls if c[0] == "context.set_input_shape"}
+    assert tuple(shapes["attention_bias"]) == (1, 1, 5, 128)
+    cuda.calls.clear()
+    piece.keep_slots(21, [21, 23, 24, 27])  # 22 <- 23, 23 <- 24 (one run), 24 <- 27
+    copies = [c for c in cuda.calls if c[0] == "cudaMemcpy2DAsync"]
+    row, pitch = 16 * 2, 128 * 16 * 2  # head_dim fp16; one head's whole cache
+    per_cache = [(c[1] - c[3], c[5], c[6], c[2], c[4], c[7]) for c in copies[:2]]
+    assert per_cache == [(-1 * row, 2 * row, 2, pitch, pitch, 3), (-3 * row, 1 * row, 2, pitch, pitch, 3)]
+    assert len(copies) == 2 * 4  # 2 layers x K, V
     piece.close()
 
 
