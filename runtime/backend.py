@@ -30,12 +30,11 @@ class TensorSpec:
 class Piece(Protocol):
     name: str
 
-    def run(self, x: np.ndarray, start: int, keep: int = 1, parents: list[int] | None = None) -> dict[str, np.ndarray]:
+    def run(self, x: np.ndarray, start: int, keep: int = 1, tree: TreeMask | None = None) -> dict[str, np.ndarray]:
         """Run on ``x`` ([1, n] token ids or [1, n, hidden] states) at positions [start, start+n);
         ``keep`` is how many trailing positions need logits. Returns the piece's non-cache outputs.
-        With ``parents`` the n tokens are a tree (``parents[i] < i``, -1 for the root, which must come
-        first): they take cache slots [start, start+n), positions start + depth, and each attends only
-        to the slots before `start` and to its own ancestors."""
+        With ``tree`` the n tokens belong to a token tree: they still take cache slots [start, start+n),
+        but their positions and what they attend to come from the tree."""
         ...
 
     def keep_slots(self, start: int, slots: list[int]) -> None:
@@ -44,44 +43,51 @@ class Piece(Protocol):
         ...
 
 
-def tree_layout(parents: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """(depth [n], visible [n, n]) of a token tree in topological order: visible[i, j] when j is i or
-    one of its ancestors."""
-    n = len(parents)
-    depth = np.zeros(n, dtype=np.int64)
-    visible = np.eye(n, dtype=bool)
-    for i, p in enumerate(parents):
-        if p >= 0:
-            if p >= i:
-                raise ValueError(f"tree token {i} has parent {p}: parents must come first")
-            depth[i] = depth[p] + 1
-            visible[i] |= visible[p]
-        elif i:
-            raise ValueError(f"tree token {i} has no parent: only the first token is the root")
-    return depth, visible
+@dataclass(frozen=True)
+class TreeMask:
+    """A call's tokens as part of a token tree rooted at slot `base` (the root's position): token i sits
+    at position base + depth[i] and attends to every slot before `base` and, of the slots from `base` to
+    the call's end, to those `visible[i]` marks (its ancestors and itself)."""
+
+    base: int
+    depth: np.ndarray  # [n]
+    visible: np.ndarray  # [n, start + n - base] bool
+
+    @classmethod
+    def from_parents(cls, parents: list[int], base: int) -> TreeMask:
+        """A whole tree in one call at `base`, in topological order: parents[i] < i, -1 for the root only."""
+        n = len(parents)
+        depth = np.zeros(n, dtype=np.int64)
+        visible = np.eye(n, dtype=bool)
+        for i, p in enumerate(parents):
+            if p >= 0:
+                if p >= i:
+                    raise ValueError(f"tree token {i} has parent {p}: parents must come first")
+                depth[i] = depth[p] + 1
+                visible[i] |= visible[p]
+            elif i:
+                raise ValueError(f"tree token {i} has no parent: only the first token is the root")
+        return cls(base, depth, visible)
 
 
-def attention_bias(start: int, n: int, width: int, dtype: str, parents: list[int] | None) -> np.ndarray:
+def attention_bias(start: int, n: int, width: int, dtype: str, tree: TreeMask | None) -> np.ndarray:
     """The `attention_bias` input: zeros, except -max between a tree's branches. Causality is the
     graph's own (slot j <= slot i), so a chain needs no mask here."""
     bias = np.zeros((1, 1, n, width), dtype=dtype)
-    if parents is not None:
-        _, visible = tree_layout(parents)
-        bias[0, 0, :, start:start + n][~visible] = np.finfo(dtype).min
+    if tree is not None:
+        bias[0, 0, :, tree.base:start + n][~tree.visible] = np.finfo(dtype).min
     return bias
 
 
-def control_feeds(names: set[str], start: int, n: int, keep: int, parents: list[int] | None = None,
+def control_feeds(names: set[str], start: int, n: int, keep: int, tree: TreeMask | None = None,
                   bias: tuple[int, str] | None = None) -> dict[str, np.ndarray]:
     """The small per-call inputs every flavour takes; each piece declares which ones it reads. `bias` is
     the width and dtype of the piece's `attention_bias` (its last axis: start + n in ONNX Runtime's
     GroupQueryAttention, the whole cache in the standard graphs)."""
-    if parents is not None and "attention_bias" not in names:
-        raise SpecExportError("this bundle's pieces predate token trees (no attention_bias input); rebuild"
+    if tree is not None and "attention_bias" not in names:
+        raise SpecExportError("this bundle's pieces predate token trees (they take no attention_bias); rebuild"
                               " it with `specexport build` to use --tree")
-    positions = np.arange(start, start + n, dtype=np.int64)
-    if parents is not None:
-        positions = start + tree_layout(parents)[0]
+    positions = np.arange(start, start + n, dtype=np.int64) if tree is None else tree.base + tree.depth
     feeds = {
         "position_ids": positions[None, :],
         "seqlens_k": np.array([start + n - 1], dtype=np.int32),
@@ -89,7 +95,7 @@ def control_feeds(names: set[str], start: int, n: int, keep: int, parents: list[
         "logits_to_keep": np.array([keep], dtype=np.int64),
     }
     if bias is not None and "attention_bias" in names:
-        feeds["attention_bias"] = attention_bias(start, n, bias[0], bias[1], parents)
+        feeds["attention_bias"] = attention_bias(start, n, bias[0], bias[1], tree)
     return {k: v for k, v in feeds.items() if k in names}
 
 

@@ -240,6 +240,9 @@ def generate_mode(mode: str | None, drafter: str | None, hierarchy: str | None) 
 @click.option("--beta", type=int, default=None, help="specdec: top-beta candidates (default 3; 1 = exact greedy).")
 @click.option("--tau", type=float, default=None, help="specdec: largest log-probability gap to the top token"
               " (default 2.0).")
+@click.option("--tree", default=None, help="Token-tree speculation (greedy, the drafter piece): NODES[:DEPTH:WIDTH]"
+              " draft tokens per step, grown DEPTH levels deep from the WIDTH likeliest branches (default 6:4),"
+              " all verified in one call. Implies --mode model.")
 @click.option("--stats", is_flag=True, help="Print tokens/s, mean accepted tokens and timings to stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print text and stats as one JSON object on stdout.")
 @click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]), default="onnxruntime",
@@ -248,12 +251,12 @@ def generate_mode(mode: str | None, drafter: str | None, hierarchy: str | None) 
 @click.option("--provider", "providers", multiple=True,
               help="ONNX Runtime execution provider, in order (default: CPUExecutionProvider).")
 def generate(prompt, bundle, max_new_tokens, mode, temperature, top_k, top_p, seed, stop, system, raw, gamma,
-             eta, policy, schedule, drafter, hierarchy, verify, beta, tau, stats, as_json, backend, threads,
+             eta, policy, schedule, drafter, hierarchy, verify, beta, tau, tree, stats, as_json, backend, threads,
              providers) -> None:
     """Generate from PROMPT ('-' reads stdin); text streams to stdout, stats and errors to stderr."""
     from .session import load
 
-    mode = generate_mode(mode, drafter, hierarchy)
+    mode = "model" if tree and not (mode or drafter or hierarchy) else generate_mode(mode, drafter, hierarchy)
     if prompt == "-":
         prompt = sys.stdin.read()
     pieces_threads = threads
@@ -268,7 +271,7 @@ def generate(prompt, bundle, max_new_tokens, mode, temperature, top_k, top_p, se
     session = load(bundle, backend=backend, providers=list(providers) or None, threads=pieces_threads)
     opts = dict(max_new_tokens=max_new_tokens, mode=mode, temperature=temperature, top_k=top_k, top_p=top_p,
                 seed=seed, stop=list(stop), system=system, chat=not raw, gamma=gamma, eta=eta,
-                policy=policy, schedule=schedule, verify=verify, beta=beta, tau=tau)
+                policy=policy, schedule=schedule, verify=verify, beta=beta, tau=tau, tree=tree)
     if as_json:
         result = session.generate(prompt, **opts)
         click.echo(json.dumps({"text": result.text, "tokens": result.tokens, "finish_reason": result.finish_reason,

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from .backend import TensorSpec, bias_spec, control_feeds
+from .backend import TensorSpec, TreeMask, bias_spec, control_feeds
 from .errors import SpecExportError
 
 _shared_pool_threads: int | None = None  # size of the process-wide intra-op pool, once enabled
@@ -89,12 +89,12 @@ class OrtPiece:
         for name in self.result_names:
             self.binding.bind_output(name, "cpu")
 
-    def run(self, x: np.ndarray, start: int, keep: int = 1, parents: list[int] | None = None) -> dict[str, np.ndarray]:
+    def run(self, x: np.ndarray, start: int, keep: int = 1, tree: TreeMask | None = None) -> dict[str, np.ndarray]:
         n = x.shape[1]
         self._bind_outputs()
         self.binding.bind_cpu_input(self.primary, x)
         bias = bias_spec(self.inputs, start, n, self.max_context)
-        for name, value in control_feeds(self.input_names, start, n, keep, parents, bias).items():
+        for name, value in control_feeds(self.input_names, start, n, keep, tree, bias).items():
             self.binding.bind_cpu_input(name, value)
         self.session.run_with_iobinding(self.binding)
         values = self.binding.get_outputs()

@@ -19,6 +19,7 @@ from .sampling import SamplingParams
 from .speculative import speculative
 from .stats import Stats
 from .text import Detokenizer, TextCodec, check_prompt_fits
+from .tree import TreeDrafter, TreeShape, tree_speculative
 from .verification import make_verify
 
 BACKENDS = ("onnxruntime", "tensorrt")
@@ -51,6 +52,7 @@ class Options:
     verify: str = "exact"  # exact | specdec (relaxed, greedy only; runtime/verification.py)
     beta: int | None = None  # specdec: a draft must be in the target's top beta ...
     tau: float | None = None  # ... and within tau nats of the top token's log-probability
+    tree: str | None = None  # token-tree speculation with the drafter: NODES[:DEPTH:WIDTH] (runtime/tree.py)
 
 
 def _open_pieces(bundle: Bundle, backend: str, providers: list[str] | None,
@@ -223,6 +225,8 @@ def _speculative_loop(mode: str) -> Callable:
     """The LOOPS entry of a speculative mode: the one draft-then-verify loop with that mode's drafter."""
 
     def loop(session: Session, ids, params, rng, stats, opts):
+        if opts.tree:
+            return _tree_loop(session, mode, ids, params, rng, stats, opts)
         if opts.schedule != "sequential":  # runtime/pearl.py
             return pearl_loop(session.pieces, mode, opts, lambda m: _policy(session, opts, m), ids, params, rng,
                               stats, session.bundle.max_context)
@@ -233,6 +237,18 @@ def _speculative_loop(mode: str) -> Callable:
                            ids, params, rng, stats, session.bundle.max_context, accept=accept)
 
     return loop
+
+
+def _tree_loop(session: Session, mode: str, ids, params, rng, stats, opts):
+    if mode != "model":
+        raise SpecExportError(f"--tree grows its trees with the bundle's drafter piece, so it needs --mode model"
+                              f" (not {mode})")
+    if opts.schedule != "sequential" or opts.verify != "exact" or opts.policy:
+        raise SpecExportError("--tree sets its own draft shape and verifies exactly: drop --schedule, --verify and"
+                              " --policy, or drop --tree")
+    stats.mode = f"model-tree{opts.tree}"
+    drafter = TreeDrafter(session.pieces, TreeShape.parse(opts.tree))
+    return tree_speculative(session.pieces, drafter, ids, params, rng, stats, session.bundle.max_context)
 
 
 LOOPS: dict[str, Callable] = {"ar": _ar_loop, **{mode: _speculative_loop(mode) for mode in DRAFTERS}}

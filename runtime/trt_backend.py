@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .backend import TensorSpec, bias_spec, control_feeds
+from .backend import TensorSpec, TreeMask, bias_spec, control_feeds
 from .errors import SpecExportError
 
 PRIMARY_INPUTS = ("input_ids", "hidden_in")
@@ -311,7 +311,7 @@ class TrtPiece:
         """The device buffer of input `name` (PEARL's handoff copies shallow states into deep's directly)."""
         return self._in[name].ptr
 
-    def run(self, x: np.ndarray, start: int, keep: int = 1, parents: list[int] | None = None,
+    def run(self, x: np.ndarray, start: int, keep: int = 1, tree: TreeMask | None = None,
             device_in: int | None = None, device_out: dict[str, int] | None = None) -> dict[str, np.ndarray]:
         """`device_in`: the primary input is already at this device address (x then only gives its shape);
         `device_out`: outputs written to these device addresses instead of the piece's own buffers (the
@@ -321,7 +321,7 @@ class TrtPiece:
             raise SpecExportError(f"positions {start}..{start + n - 1} exceed the {self.max_context}-token KV cache")
         index = select_profile(self.profiles, n, keep)
         ctx = self.contexts[index]
-        feeds = control_feeds(self.input_names, start, n, keep, parents,
+        feeds = control_feeds(self.input_names, start, n, keep, tree,
                               bias_spec(self.inputs, start, n, self.max_context))
         feeds[self.primary.name] = np.ascontiguousarray(x, dtype=self.primary.dtype)
         for name, value in feeds.items():

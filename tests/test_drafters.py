@@ -97,6 +97,73 @@ def test_greedy_equals_ar(session, mode):
         assert total["lookup"] > 0 and total["self"] + total["model"] > 0, total
 
 
+@pytest.mark.parametrize("tree", ["1", "4:2:2", "8", "24:6:4"])
+def test_tree_greedy_equals_ar(session, tree):
+    ar = ar_tokens(session)
+    total = Counter()
+    for prompt in PROMPTS:
+        out = session.generate(prompt, max_new_tokens=NEW_TOKENS, mode="model", tree=tree)
+        assert out.tokens == ar[prompt], (tree, prompt)
+        assert out.stats.mode == f"model-tree{tree}" and not out.lossy
+        total.update(steps=out.stats.steps, drafted=out.stats.drafted, accepted=out.stats.accepted)
+    assert 0 < total["accepted"] < total["drafted"], total
+    assert total["drafted"] <= (total["steps"] - len(PROMPTS)) * int(tree.split(":")[0])  # the prefill drafts nothing
+
+
+def test_tree_keeps_more_than_a_chain_of_the_same_drafter(session):
+    """The runners-up are what a tree adds: with the same drafter it accepts more per step than the chain."""
+    def tau(**how) -> float:
+        return sum(session.generate(p, max_new_tokens=NEW_TOKENS, mode="model", **how).stats.mean_accepted_tokens
+                   for p in PROMPTS)
+
+    chain, tree = tau(gamma=6, eta=0.0), tau(tree="24")
+    assert tree > chain, (tree, chain)
+
+
+def test_tree_on_the_standard_flavour_and_at_the_context_end(drafter_bundle, tiny_checkpoint, drafter_checkpoint,
+                                                             tmp_path):
+    from specexport.exporter.build import build_bundle
+
+    std = load(drafter_bundle("standard"), threads=1)
+    for prompt in PROMPTS[:2]:
+        ar = std.generate(prompt, max_new_tokens=NEW_TOKENS, mode="ar").tokens
+        assert std.generate(prompt, max_new_tokens=NEW_TOKENS, mode="model", tree="12").tokens == ar
+    build_bundle(tmp_path / "b", model=str(tiny_checkpoint), drafter=str(drafter_checkpoint), adapter="none",
+                 exit_layer=2, context=48)
+    s = load(tmp_path / "b", threads=1)
+    ids = s.prompt_ids(PROMPTS[0], s.options())
+    ar = s.generate_ids(ids, max_new_tokens=500, mode="ar").tokens
+    assert s.generate_ids(ids, max_new_tokens=500, mode="model", tree="16:6:4").tokens == ar
+
+
+def test_tree_selection_keeps_branches_whole():
+    from specexport.runtime.tree import Node, select, walk
+
+    # root children a (-0.1), b (-0.5); a's child c (-0.3 total), b's child d (-0.6); e under an unkept c would
+    # be likelier than d, but only whole branches are kept
+    cands = [Node(10, -1, -0.1, 1), Node(11, -1, -0.5, 1), Node(12, 0, -0.3, 2), Node(13, 1, -0.6, 2),
+             Node(14, 2, -0.35, 3)]
+    tokens, parents = select(cands, 3)
+    assert tokens[1:] == [10, 12, 14] and parents == [-1, 0, 1, 2]
+    tokens, parents = select(cands, 5)
+    assert tokens[1:] == [10, 11, 12, 13, 14] and parents == [-1, 0, 0, 1, 2, 3]
+    logits = np.zeros((6, 20))
+    logits[0, 10] = logits[1, 12] = logits[3, 19] = 1.0  # root -> a -> c, then the target wants 19
+    assert walk(tokens, parents, logits) == ([0, 1, 3], 19)
+
+
+def test_tree_refusals(session, tiny_bundles):
+    from specexport.runtime.errors import SpecExportError
+
+    with pytest.raises(SpecExportError, match="greedy decoding only"):
+        session.generate("hash table", max_new_tokens=4, mode="model", tree="8", temperature=0.7)
+    with pytest.raises(SpecExportError, match="needs --mode model"):
+        session.generate("hash table", max_new_tokens=4, mode="self", tree="8")
+    for bad in ("0", "8:x", "8:2:2:2", "-3"):
+        with pytest.raises(SpecExportError, match="is not a tree shape"):
+            session.generate("hash table", max_new_tokens=4, mode="model", tree=bad)
+
+
 class PrunedHead:
     """Stand-in for a drafter piece with a vocabulary-pruned head (FR-Spec; `specexport train-drafter
     --draft-vocab`): the real piece's outputs restricted to the ascending ids `vocab`."""
@@ -302,6 +369,9 @@ def test_cli_refusals(tiny_bundles, drafter_bundle):
     assert_one_error(run_cli("--bundle", plain, "--verify", "specdec", "--mode", "ar", "hi"), "--mode ar")
     assert_one_error(run_cli("--bundle", plain, "--drafter", "model", "--mode", "self", "hi"), "different modes")
     assert_one_error(run_cli("--bundle", plain, "--hierarchy", "self,drafter", "hi"), "drafter,self")
+    assert_one_error(run_cli("--bundle", plain, "--tree", "8", "hi"), "no drafter piece")
+    assert_one_error(run_cli("--bundle", str(drafter_bundle("ort")), "--tree", "8", "--schedule", "pearl", "hi"),
+                     "drop --schedule")
 
 
 def test_cli_drafter_alias_and_lossy_json(drafter_bundle):
@@ -309,7 +379,8 @@ def test_cli_drafter_alias_and_lossy_json(drafter_bundle):
 
     bundle = str(drafter_bundle("ort"))
     ar = json.loads(run_cli("--bundle", bundle, "--mode", "ar", "--json", "hash table").stdout)
-    for args in (["--drafter", "model"], ["--drafter", "lookup", "--mode", "lookup"], ["--hierarchy", "drafter,self"]):
+    for args in (["--drafter", "model"], ["--drafter", "lookup", "--mode", "lookup"], ["--hierarchy", "drafter,self"],
+                 ["--tree", "12"]):
         result = run_cli("--bundle", bundle, *args, "--json", "hash table")
         assert result.exit_code == 0, result.output
         out = json.loads(result.stdout)

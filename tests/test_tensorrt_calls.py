@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 import pytest
 from specexport.exporter.trt_plan import plan_tensorrt
+from specexport.runtime.backend import TreeMask
 from specexport.runtime.manifest import load_bundle
 from specexport.runtime.trt_backend import open_trt_piece
 from specexport.runtime.trt_build import build_engines
@@ -384,7 +385,7 @@ def test_trt_piece_tree_call_and_kept_branch_copies(bundle):
     build_engines(bundle, trt=trt, cudart=cuda, log=lambda m: None)
     piece = open_trt_piece(load_bundle(bundle), "deep", trt=trt, cudart=cuda)
     trt.calls.clear()
-    piece.run(np.zeros((1, 5, 64), np.float16), 21, keep=5, parents=[-1, 0, 0, 1, 2])
+    piece.run(np.zeros((1, 5, 64), np.float16), 21, keep=5, tree=TreeMask.from_parents([-1, 0, 0, 1, 2], 21))
     shapes = {c[2]: c[3] for c in trt.calls if c[0] == "context.set_input_shape"}
     assert tuple(shapes["attention_bias"]) == (1, 1, 5, 128)
     cuda.calls.clear()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from specexport.runtime import load
-from specexport.runtime.backend import tree_layout
+from specexport.runtime.backend import TreeMask
 from specexport.runtime.decode import ids_array
 
 # root 0; children 1, 2; 3 under 1; 4 under 2; 5 under 3; 6 under 1 (a branch interleaved with another)
@@ -29,12 +29,13 @@ def chain_logits(pieces, prompt: list[int], tokens: list[int]) -> np.ndarray:
 
 
 def test_tree_layout_depths_and_ancestors():
-    depth, visible = tree_layout(PARENTS)
+    tree = TreeMask.from_parents(PARENTS, 10)
+    depth, visible = tree.depth, tree.visible
     assert depth.tolist() == [0, 1, 1, 2, 2, 3, 2]
     assert visible[5].nonzero()[0].tolist() == [0, 1, 3, 5]
     assert visible[6].nonzero()[0].tolist() == [0, 1, 6]
     with pytest.raises(ValueError, match="parents must come first"):
-        tree_layout([-1, 2, 0])
+        TreeMask.from_parents([-1, 2, 0], 0)
 
 
 @pytest.mark.parametrize("flavour", ["ort", "standard"])
@@ -43,8 +44,8 @@ def test_tree_call_equals_each_branch_as_a_chain(tiny_bundles, flavour):
     prompt = [1, 5, 9, 14, 3, 8]
     pieces.deep.run(pieces.shallow.run(ids_array(prompt), 0)["hidden"], 0)
     pos = len(prompt)
-    hidden = pieces.shallow.run(ids_array(TOKENS), pos, parents=PARENTS)["hidden"]
-    tree = pieces.deep.run(hidden, pos, keep=len(TOKENS), parents=PARENTS)["logits"][0]
+    hidden = pieces.shallow.run(ids_array(TOKENS), pos, tree=TreeMask.from_parents(PARENTS, pos))["hidden"]
+    tree = pieces.deep.run(hidden, pos, keep=len(TOKENS), tree=TreeMask.from_parents(PARENTS, pos))["logits"][0]
     for i in range(len(TOKENS)):
         path = branch(i)
         chain = chain_logits(pieces, prompt, [TOKENS[j] for j in path])
@@ -59,8 +60,8 @@ def test_kept_branch_reads_as_the_sequence(tiny_bundles, flavour):
     path = branch(5)  # slots 0, 1, 3, 5
     want = chain_logits(pieces, prompt, [*(TOKENS[j] for j in path), 99])[-1]
     pieces.deep.run(pieces.shallow.run(ids_array(prompt), 0)["hidden"], 0)
-    hidden = pieces.shallow.run(ids_array(TOKENS), pos, parents=PARENTS)["hidden"]
-    pieces.deep.run(hidden, pos, keep=1, parents=PARENTS)
+    hidden = pieces.shallow.run(ids_array(TOKENS), pos, tree=TreeMask.from_parents(PARENTS, pos))["hidden"]
+    pieces.deep.run(hidden, pos, keep=1, tree=TreeMask.from_parents(PARENTS, pos))
     for piece in (pieces.shallow, pieces.deep):
         piece.keep_slots(pos, [pos + j for j in path])
     # the next call writes after the branch and must see exactly it

@@ -1,0 +1,176 @@
+"""Token-tree speculation with the drafter piece (SpecInfer's tree verification, EAGLE-2's dynamic tree).
+
+A chain drafts one guess per position, so one miss ends the step. A tree keeps the drafter's runners-up
+too, and the target checks every branch in one call, so a step keeps the longest branch it agrees with.
+
+A step grows the tree from history[-1] depth by depth: the `width` likeliest leaves (by the drafter's
+probability of the whole branch) go through the drafter in one call with a tree mask, each adding its
+`width` likeliest next tokens; after `depth` levels the `nodes` likeliest tokens form the tree (a child is
+never likelier than its parent, so they hang together). shallow and deep then read the whole tree in one
+call each, the target's greedy token is followed down from the root, and the caches keep that branch.
+Greedy only: the output is exactly the target's greedy output. On a GPU a verify call costs about the
+same for 1 or 64 tokens; on a CPU it does not (BENCHMARKS.md), so the node budget matters there.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from .backend import TreeMask
+from .decode import Pieces, ids_array, prefill
+from .drafters import ModelDrafter
+from .errors import SpecExportError
+from .sampling import SamplingParams, pick
+from .stats import Stats
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    nodes: int  # draft tokens per step (the root, history[-1], is not one)
+    depth: int = 6  # drafter levels
+    width: int = 4  # leaves expanded per level, and tokens added per expanded leaf
+
+    @classmethod
+    def parse(cls, spec: str) -> TreeShape:
+        """'N' or 'N:DEPTH:WIDTH'."""
+        try:
+            parts = [int(p) for p in str(spec).split(":")]
+            shape = cls(*parts)
+        except (TypeError, ValueError):
+            shape = None
+        if shape is None or len(parts) > 3 or min(parts) < 1:
+            raise SpecExportError(f"--tree {spec!r} is not a tree shape; give NODES or NODES:DEPTH:WIDTH with"
+                                  " positive integers, such as 32 or 32:6:4")
+        return shape
+
+
+@dataclass
+class Node:
+    token: int
+    parent: int  # index in the candidate list; -1: the root
+    score: float  # the drafter's log-probability of the branch down to this token
+    depth: int
+    slot: int = -1  # drafter cache slot once expanded
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits - logits.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+class TreeDrafter:
+    """Grows a step's tree with the bundle's drafter piece. Its cache holds the history through
+    history[-1] (ModelDrafter's bookkeeping does the catching up) and, past it, the expanded tokens of
+    the current tree, which the next step overwrites."""
+
+    def __init__(self, pieces: Pieces, shape: TreeShape) -> None:
+        self.chain = ModelDrafter(pieces)
+        self.piece, self.vocab_map, self.shape = pieces.drafter, pieces.drafter_vocab, shape
+
+    def start(self, prompt: list[int]) -> None:
+        self.chain.start(prompt, None)
+
+    def _children(self, logits: np.ndarray, parent: int, base: float, depth: int) -> list[Node]:
+        logp = log_softmax(logits)
+        top = np.argpartition(-logp, min(self.shape.width, len(logp) - 1))[: self.shape.width]
+        top = top[np.argsort(-logp[top], kind="stable")]
+        ids = self.vocab_map[top] if self.vocab_map is not None else top
+        return [Node(int(t), parent, base + float(logp[i]), depth) for t, i in zip(ids, top, strict=True)]
+
+    def grow(self, history: list[int], nodes: int, max_context: int) -> tuple[list[int], list[int]]:
+        """(tokens, parents) of the step's tree in topological order; tokens[0] is history[-1]."""
+        pos = len(history) - 1
+        at = self.chain._cached(history)
+        out = self.piece.run(ids_array(history[at:]), at)
+        del self.chain.fed[at:]
+        self.chain.fed.extend(history[at:])
+        self.chain.final = len(history)
+        if nodes == 0:
+            return [history[-1]], [-1]
+        cands = self._children(out["logits"][0, -1], -1, 0.0, 1)
+        level = list(range(len(cands)))
+        slot = pos + 1
+        for depth in range(2, self.shape.depth + 1):
+            if slot + self.shape.width > max_context:  # the drafter's cache ends here
+                break
+            frontier = sorted(level, key=lambda i: -cands[i].score)[: self.shape.width]
+            visible = np.zeros((len(frontier), slot + len(frontier) - pos), dtype=bool)
+            visible[:, 0] = True  # the root
+            for row, i in enumerate(frontier):
+                cands[i].slot = slot + row
+                a = i
+                while a >= 0:
+                    visible[row, cands[a].slot - pos] = True
+                    a = cands[a].parent
+            mask = TreeMask(pos, np.array([depth - 1] * len(frontier)), visible)
+            out = self.piece.run(ids_array([cands[i].token for i in frontier]), slot, keep=len(frontier), tree=mask)
+            slot += len(frontier)
+            level = []
+            for row, i in enumerate(frontier):
+                kids = self._children(out["logits"][0, row], i, cands[i].score, depth)
+                level.extend(range(len(cands), len(cands) + len(kids)))
+                cands.extend(kids)
+        tokens, parents = select(cands, nodes)
+        tokens[0] = history[-1]
+        return tokens, parents
+
+
+def select(cands: list[Node], nodes: int) -> tuple[list[int], list[int]]:
+    """The `nodes` likeliest candidates whose parents are kept too, root first, parents before children."""
+    ranked = sorted(range(len(cands)), key=lambda i: (-cands[i].score, cands[i].depth, i))
+    kept: set[int] = set()
+    for i in ranked:
+        if len(kept) == nodes:
+            break
+        if cands[i].parent < 0 or cands[i].parent in kept:
+            kept.add(i)
+    order = sorted(kept, key=lambda i: (cands[i].depth, i))
+    index = {c: k + 1 for k, c in enumerate(order)}
+    return ([-1, *(cands[i].token for i in order)],
+            [-1, *(index.get(cands[i].parent, 0) for i in order)])
+
+
+def walk(tokens: list[int], parents: list[int], logits: np.ndarray) -> tuple[list[int], int]:
+    """Follow the target's greedy token down from the root: (the branch's node indices, the target's token
+    after its last node)."""
+    children: dict[int, dict[int, int]] = {}
+    for i in range(1, len(tokens)):
+        children.setdefault(parents[i], {}).setdefault(tokens[i], i)
+    path = [0]
+    while True:
+        target = int(np.argmax(logits[path[-1]]))
+        nxt = children.get(path[-1], {}).get(target)
+        if nxt is None:
+            return path, target
+        path.append(nxt)
+
+
+def tree_speculative(pieces: Pieces, drafter: TreeDrafter, prompt: list[int], params: SamplingParams,
+                     rng: np.random.Generator, stats: Stats, max_context: int) -> Iterator[list[int]]:
+    """Grow a tree, verify it with one shallow and one deep call, keep the target's branch."""
+    if not params.greedy:
+        raise SpecExportError("--tree verifies greedy decoding only; drop --temperature (or set it to 0),"
+                              " or drop --tree")
+    hidden, logits = prefill(pieces, prompt, stats)
+    drafter.start(prompt)
+    history = [*prompt, pick(logits[0, -1], params, rng)]
+    yield history[-1:]
+    while True:
+        pos = len(history) - 1
+        t0 = time.perf_counter()
+        tokens, parents = drafter.grow(history, min(drafter.shape.nodes, max_context - pos - 1), max_context)
+        t1 = time.perf_counter()
+        mask = TreeMask.from_parents(parents, pos)
+        hidden = pieces.shallow.run(ids_array(tokens), pos, tree=mask)["hidden"]
+        logits = pieces.deep.run(hidden, pos, keep=len(tokens), tree=mask)["logits"][0]
+        path, target = walk(tokens, parents, logits)
+        for piece in (pieces.shallow, pieces.deep):
+            piece.keep_slots(pos, [pos + i for i in path])
+        new = [*(tokens[i] for i in path[1:]), target]
+        stats.record_step(len(tokens) - 1, len(new) - 1, t1 - t0, time.perf_counter() - t1)
+        history.extend(new)
+        yield new
