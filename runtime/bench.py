@@ -60,6 +60,7 @@ class BenchConfig:
     modes: list[str] | None = None  # None: every mode the runtime has (those the bundle lacks are skipped)
     schedules: list[str] | None = None  # with policies: each speculative mode runs under their cross product
     policies: list[str] | None = None  # (None, None: each mode once, as the session's defaults)
+    trees: list[str] | None = None  # token-tree shapes, each a model-drafter system (runtime/tree.py)
     baselines: list[str] = field(default_factory=lambda: list(DEFAULT_BASELINES))
     warmup: bool = True
     repeats: int = 1  # rounds per question; each record is a system's run of median time
@@ -129,6 +130,14 @@ def make_systems(session: Session, cfg: BenchConfig, threads: int,
                 skipped[system.name] = str(exc)
                 continue
             systems.append(system)
+    for tree in cfg.trees or []:
+        system = SpecExportSystem(session, "model", threads, tree=tree)
+        try:
+            session.resolve_mode("model")
+        except SpecExportError as exc:
+            skipped[system.name] = str(exc)
+            continue
+        systems.append(system)
 
     manifest = session.bundle.manifest
     checkpoint = _checkpoint(manifest)
@@ -177,6 +186,10 @@ def check_config(cfg: BenchConfig) -> None:
             raise SpecExportError(f"unknown schedule {schedule!r}; use any of {', '.join(SCHEDULES)}")
     for policy in cfg.policies or []:  # parsed here so a typo fails before anything loads
         make_policy(policy, 1, 0.5, cost=lambda gamma_max: CostModel(0.0, 0.0, 0.0))
+    from .tree import TreeShape
+
+    for tree in cfg.trees or []:
+        TreeShape.parse(tree)
 
 
 def start_systems(candidates: Sequence[System], skipped: dict[str, str], warmup: tuple[list[int], int] | None,
@@ -337,6 +350,7 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None, log: Callable[
             "limit": cfg.limit, "max_new_tokens": cfg.max_new_tokens, "max_prompt_tokens": cfg.max_prompt_tokens,
             "greedy": True, "batch_size": 1, "warmup": cfg.warmup, "repeats": cfg.repeats, "threads": threads,
             "thread_pool": thread_pool(), "schedules": cfg.schedules, "policies": cfg.policies,
+            "trees": cfg.trees,
             "reference": REFERENCE, "systems": order,
         },
         "systems": {s.name: {**s.describe(), "setup_s": setup_s.get(s.name)} for s in systems},

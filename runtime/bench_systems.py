@@ -72,10 +72,12 @@ class SpecExportSystem(System):
     kind = "specexport"
 
     def __init__(self, session: Session, mode: str, threads: int | None = None, schedule: str | None = None,
-                 policy: str | None = None, note: str | None = None) -> None:
+                 policy: str | None = None, note: str | None = None, tree: str | None = None) -> None:
         self.session = session
-        self.mode, self.schedule, self.policy = mode, schedule, policy
+        self.mode, self.schedule, self.policy, self.tree = mode, schedule, policy, tree
         variant = [schedule or "sequential", policy or "confidence"] if schedule or policy else []
+        if tree:
+            variant = [f"tree{tree}"]
         self.name = "-".join(["specexport", mode, *variant])
         self.label = "specexport AR" if mode == "ar" else " · ".join([f"specexport {mode}", *variant])
         self.precision = session.bundle.manifest.get("graph", {}).get("precision", "fp32")
@@ -85,7 +87,7 @@ class SpecExportSystem(System):
         t0 = time.perf_counter()
         g = self.session.generate_ids(prompt_ids, max_new_tokens=max_new_tokens, mode=self.mode,
                                       temperature=0.0, top_k=0, top_p=1.0, schedule=self.schedule,
-                                      policy=self.policy)
+                                      policy=self.policy, tree=self.tree)
         seconds = time.perf_counter() - t0
         s = g.stats
         # drafted/accepted are 0 for AR; make_record turns "nothing drafted" into a null acceptance rate

@@ -35,6 +35,9 @@ def register(main: click.Group) -> None:
                   " per-session thread pools.")
     @click.option("--policy", "policies", default=None, help="Draft-length policies, comma-separated: fixed[:GAMMA],"
                   " confidence[:ETA], entropy[:LAMBDA], goodput[:GAMMA_MAX] (see `specexport generate --help`).")
+    @click.option("--tree", "trees", default=None, help="Token-tree shapes, comma-separated (NODES[:DEPTH:WIDTH], see"
+                  " `specexport generate --help`): each runs the drafter piece with token trees, named"
+                  " specexport-model-treeSHAPE.")
     @click.option("--baselines", default="hf,hf-lookup,ortgenai", show_default=True,
                   help="Peers to run in the same pass: hf (transformers generate, PyTorch fp32), hf-lookup"
                   " (its prompt lookup, 10 tokens), ortgenai (ONNX Runtime GenAI fp32 through its own model"
@@ -54,7 +57,7 @@ def register(main: click.Group) -> None:
     @click.option("--no-memory", is_flag=True, help="Skip the peak-memory probe of `specexport generate`.")
     @click.option("--json", "as_json", is_flag=True, help="Print report.json on stdout.")
     def bench(bundle, questions, categories, limit, max_new_tokens, max_prompt_tokens, modes, schedules, policies,
-              baselines, out, threads, genai_python, repeats, no_warmup, no_memory, as_json) -> None:
+              trees, baselines, out, threads, genai_python, repeats, no_warmup, no_memory, as_json) -> None:
         """Spec-Bench through the bundle's modes and its peers, interleaved per question; writes
         report.json, report.md and report.png. Baselines whose package is missing are skipped with the
         reason (`make bench-env` installs them).
@@ -73,7 +76,7 @@ def register(main: click.Group) -> None:
         out = out or Path("reports") / Path(bundle).resolve().name
         cfg = BenchConfig(bundle=bundle, questions=questions, categories=_csv(categories), limit=limit,
                           max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens, modes=_csv(modes),
-                          schedules=_csv(schedules), policies=_csv(policies),
+                          schedules=_csv(schedules), policies=_csv(policies), trees=_csv(trees),
                           baselines=_csv(baselines) or [], warmup=not no_warmup, repeats=repeats, memory=not no_memory,
                           threads=threads, genai_python=genai_python, command=" ".join(["specexport", *sys.argv[1:]]))
         bar = tqdm(total=0, unit="run", file=sys.stderr, dynamic_ncols=True, disable=None)

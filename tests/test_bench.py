@@ -563,6 +563,7 @@ def test_cli_errors_are_one_sentence(tiny_bundles, tmp_path):
     assert "Traceback" not in result.output
     for args, message in ((["--baselines", "vllm"], "error: unknown baseline 'vllm'"),
                           (["--policy", "bogus"], "error: unknown draft-length policy 'bogus'"),
+                          (["--tree", "8:0"], "error: --tree '8:0' is not a tree shape"),
                           (["--max-new-tokens", "0"], "error: --max-new-tokens must be at least 1"),
                           (["--max-prompt-tokens", "300"], "error: question 6 is")):
         result = runner.invoke(main, ["bench", "--bundle", str(bundle), "--questions", str(questions),
@@ -586,7 +587,7 @@ def test_end_to_end_tiny_bundle(tiny_bundles, tmp_path):
     result = CliRunner().invoke(cli(), [
         "bench", "--bundle", str(bundle), "--questions", str(questions), "--categories", "qa,rag", "--limit", "1",
         "--max-new-tokens", "12", "--max-prompt-tokens", "40", "--baselines", "hf,hf-lookup,ortgenai",
-        "--genai-python", missing_genai, "--threads", "1", "--out", str(out), "--no-memory", "--json"])
+        "--genai-python", missing_genai, "--threads", "1", "--out", str(out), "--no-memory", "--tree", "8", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads((out / "report.json").read_text())
     assert json.loads(result.stdout) == data
@@ -594,6 +595,7 @@ def test_end_to_end_tiny_bundle(tiny_bundles, tmp_path):
     assert data["settings"]["systems"] == [REFERENCE, "specexport-self", "specexport-lookup", "specexport-auto", "hf",
                                            "hf-lookup"]
     assert "no drafter piece" in data["skipped"]["specexport-model"]  # and hier: modes the bundle cannot run
+    assert "no drafter piece" in data["skipped"]["specexport-model-tree8"]
     assert "onnxruntime-genai is not installed" in data["skipped"]["ortgenai-fp32"]
     records = data["records"]
     rag = [r for r in records if r["category"] == "rag"]
@@ -642,10 +644,11 @@ def test_end_to_end_default_bundle(default_bundle, tmp_path):
     out = tmp_path / "report"
     result = CliRunner().invoke(cli(), [
         "bench", "--bundle", str(default_bundle), "--questions", str(SPECBENCH), "--categories", "qa,summarization",
-        "--limit", "1", "--max-new-tokens", "32", "--out", str(out)])
+        "--limit", "1", "--max-new-tokens", "32", "--tree", "16", "--out", str(out)])
     assert result.exit_code == 0, result.output
     data = json.loads((out / "report.json").read_text())
     assert data["results"][REFERENCE]["overall"]["new_tokens"] > 0
+    assert data["settings"]["trees"] == ["16"] and "specexport-model-tree16" in data["results"]
     assert data["results"]["hf"]["overall"]["identical_to_ar"] is True
     for name, res in data["results"].items():
         if data["systems"][name]["kind"] == "specexport":
