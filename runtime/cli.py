@@ -159,7 +159,7 @@ def train_adapter_cmd(out, recipe, model, exit_layer, arch, steps, lr, prompt_li
 @click.option("--model", default=None, help="Target checkpoint directory or .gguf (default: the recipe's source).")
 @click.option("--layers", type=int, default=None, help="Decoder layers of the drafter (default: recipe, 2).")
 @click.option("--hidden", type=int, default=None, help="Hidden size of the drafter, in heads of 64 (default: recipe,"
-              " 256).")
+              " 384).")
 @click.option("--steps", type=int, default=None, help="Optimizer steps.")
 @click.option("--lr", type=float, default=None, help="Peak learning rate (AdamW, cosine decay).")
 @click.option("--prompt-limit", type=int, default=None, help="Use only the first N training prompts.")

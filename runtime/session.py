@@ -247,7 +247,7 @@ def _tree_loop(session: Session, mode: str, ids, params, rng, stats, opts):
         raise SpecExportError("--tree sets its own draft shape and verifies exactly: drop --schedule, --verify and"
                               " --policy, or drop --tree")
     stats.mode = f"model-tree{opts.tree}"
-    drafter = TreeDrafter(session.pieces, TreeShape.parse(opts.tree))
+    drafter = TreeDrafter(session.pieces, TreeShape.parse(opts.tree), session.bundle.max_context)
     return tree_speculative(session.pieces, drafter, ids, params, rng, stats, session.bundle.max_context)
 
 

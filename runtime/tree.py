@@ -8,6 +8,7 @@ probability of the whole branch) go through the drafter in one call with a tree 
 `width` likeliest next tokens; after `depth` levels the `nodes` likeliest tokens form the tree (a child is
 never likelier than its parent, so they hang together). shallow and deep then read the whole tree in one
 call each, the target's greedy token is followed down from the root, and the caches keep that branch.
+Prompt lookup's continuation joins the tree as one more branch when the text so far repeats.
 Greedy only: the output is exactly the target's greedy output. On a GPU a verify call costs about the
 same for 1 or 64 tokens; on a CPU it does not (BENCHMARKS.md), so the node budget matters there.
 """
@@ -22,7 +23,7 @@ import numpy as np
 
 from .backend import TreeMask
 from .decode import Pieces, ids_array, prefill
-from .drafters import ModelDrafter
+from .drafters import LookupDrafter, ModelDrafter
 from .errors import SpecExportError
 from .sampling import SamplingParams, pick
 from .stats import Stats
@@ -63,16 +64,20 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 class TreeDrafter:
-    """Grows a step's tree with the bundle's drafter piece. Its cache holds the history through
-    history[-1] (ModelDrafter's bookkeeping does the catching up) and, past it, the expanded tokens of
-    the current tree, which the next step overwrites."""
+    """Grows a step's tree with the bundle's drafter piece, and grafts prompt lookup's continuation onto
+    it as one more branch when the text so far repeats (a small drafter misses copies of the prompt,
+    which lookup gets right at no cost but their verification). The drafter's cache holds the history
+    through history[-1] (ModelDrafter's bookkeeping does the catching up) and, past it, the expanded
+    tokens of the current tree, which the next step overwrites."""
 
-    def __init__(self, pieces: Pieces, shape: TreeShape) -> None:
+    def __init__(self, pieces: Pieces, shape: TreeShape, max_context: int) -> None:
         self.chain = ModelDrafter(pieces)
+        self.lookup = LookupDrafter(pieces.vocab_size, max_context)
         self.piece, self.vocab_map, self.shape = pieces.drafter, pieces.drafter_vocab, shape
 
     def start(self, prompt: list[int]) -> None:
         self.chain.start(prompt, None)
+        self.lookup.start(prompt, None)
 
     def _children(self, logits: np.ndarray, parent: int, base: float, depth: int) -> list[Node]:
         logp = log_softmax(logits)
@@ -116,6 +121,10 @@ class TreeDrafter:
                 cands.extend(kids)
         tokens, parents = select(cands, nodes)
         tokens[0] = history[-1]
+        n, end = self.lookup.match(history)
+        if n:
+            room = max_context - pos - len(tokens)  # every token needs a cache slot
+            graft(tokens, parents, history[end + 1:end + 1 + min(self.lookup.max_tokens, room)])
         return tokens, parents
 
 
@@ -132,6 +141,19 @@ def select(cands: list[Node], nodes: int) -> tuple[list[int], list[int]]:
     index = {c: k + 1 for k, c in enumerate(order)}
     return ([-1, *(cands[i].token for i in order)],
             [-1, *(index.get(cands[i].parent, 0) for i in order)])
+
+
+def graft(tokens: list[int], parents: list[int], branch: list[int]) -> None:
+    """Add `branch`, a chain from the root, to the tree in place, sharing the nodes it already has; new
+    nodes go last, so parents still come before their children."""
+    node = 0
+    for token in branch:
+        child = next((i for i in range(1, len(tokens)) if parents[i] == node and tokens[i] == token), None)
+        if child is None:
+            tokens.append(token)
+            parents.append(node)
+            child = len(tokens) - 1
+        node = child
 
 
 def walk(tokens: list[int], parents: list[int], logits: np.ndarray) -> tuple[list[int], int]:

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from scipy import stats as sps
 from specexport.runtime import load
 from specexport.runtime.cli import main
-from specexport.runtime.drafters import LookupDrafter
+from specexport.runtime.drafters import LOOKUP_MAX_TOKENS, LookupDrafter
 from specexport.runtime.policies import FixedPolicy
 from specexport.runtime.sampling import SamplingParams
 from specexport.runtime.verification import rank, specdec_verify
@@ -107,7 +107,8 @@ def test_tree_greedy_equals_ar(session, tree):
         assert out.stats.mode == f"model-tree{tree}" and not out.lossy
         total.update(steps=out.stats.steps, drafted=out.stats.drafted, accepted=out.stats.accepted)
     assert 0 < total["accepted"] < total["drafted"], total
-    assert total["drafted"] <= (total["steps"] - len(PROMPTS)) * int(tree.split(":")[0])  # the prefill drafts nothing
+    # the prefill drafts nothing; a step drafts the shape's nodes and at most a lookup branch besides
+    assert total["drafted"] <= (total["steps"] - len(PROMPTS)) * (int(tree.split(":")[0]) + LOOKUP_MAX_TOKENS)
 
 
 def test_tree_keeps_more_than_a_chain_of_the_same_drafter(session):
@@ -150,6 +151,16 @@ def test_tree_selection_keeps_branches_whole():
     logits = np.zeros((6, 20))
     logits[0, 10] = logits[1, 12] = logits[3, 19] = 1.0  # root -> a -> c, then the target wants 19
     assert walk(tokens, parents, logits) == ([0, 1, 3], 19)
+
+
+def test_lookup_branch_is_grafted_sharing_what_the_tree_has():
+    from specexport.runtime.tree import graft
+
+    tokens, parents = [7, 10, 11, 12], [-1, 0, 0, 1]
+    graft(tokens, parents, [10, 12, 5, 6])  # follows 10 -> 12, then adds 5 under 12 and 6 under 5
+    assert tokens == [7, 10, 11, 12, 5, 6] and parents == [-1, 0, 0, 1, 3, 4]
+    graft(tokens, parents, [11, 9])
+    assert tokens[-1] == 9 and parents[-1] == 2
 
 
 def test_tree_refusals(session, tiny_bundles):
