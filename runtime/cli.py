@@ -240,9 +240,10 @@ def generate_mode(mode: str | None, drafter: str | None, hierarchy: str | None) 
 @click.option("--beta", type=int, default=None, help="specdec: top-beta candidates (default 3; 1 = exact greedy).")
 @click.option("--tau", type=float, default=None, help="specdec: largest log-probability gap to the top token"
               " (default 2.0).")
-@click.option("--tree", default=None, help="Token-tree speculation (greedy, the drafter piece): NODES[:DEPTH:WIDTH]"
-              " draft tokens per step, grown DEPTH levels deep from the WIDTH likeliest branches (default 6:4),"
-              " all verified in one call. Implies --mode model.")
+@click.option("--tree", default=None, help="Token-tree speculation (greedy, the drafter piece):"
+              " NODES[:DEPTH[:WIDTH[:LOOKUP]]]: the drafter's NODES likeliest tokens, grown DEPTH levels deep from"
+              " the WIDTH likeliest branches (default 6:4), plus prompt lookup's continuation of up to LOOKUP tokens"
+              " (default 10; 0: none) when the text repeats; all verified in one call. Implies --mode model.")
 @click.option("--stats", is_flag=True, help="Print tokens/s, mean accepted tokens and timings to stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print text and stats as one JSON object on stdout.")
 @click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]), default="onnxruntime",

@@ -23,7 +23,7 @@ import numpy as np
 
 from .backend import TreeMask
 from .decode import Pieces, ids_array, prefill
-from .drafters import LookupDrafter, ModelDrafter
+from .drafters import LOOKUP_MAX_TOKENS, LookupDrafter, ModelDrafter
 from .errors import SpecExportError
 from .sampling import SamplingParams, pick
 from .stats import Stats
@@ -31,21 +31,22 @@ from .stats import Stats
 
 @dataclass(frozen=True)
 class TreeShape:
-    nodes: int  # draft tokens per step (the root, history[-1], is not one)
+    nodes: int  # the drafter's tokens per step (the root, history[-1], is not one)
     depth: int = 6  # drafter levels
     width: int = 4  # leaves expanded per level, and tokens added per expanded leaf
+    lookup: int = LOOKUP_MAX_TOKENS  # most tokens of prompt lookup's branch (0: none)
 
     @classmethod
     def parse(cls, spec: str) -> TreeShape:
-        """'N' or 'N:DEPTH:WIDTH'."""
+        """'NODES[:DEPTH[:WIDTH[:LOOKUP]]]'."""
         try:
             parts = [int(p) for p in str(spec).split(":")]
             shape = cls(*parts)
         except (TypeError, ValueError):
             shape = None
-        if shape is None or len(parts) > 3 or min(parts) < 1:
-            raise SpecExportError(f"--tree {spec!r} is not a tree shape; give NODES or NODES:DEPTH:WIDTH with"
-                                  " positive integers, such as 32 or 32:6:4")
+        if shape is None or min(parts[:3]) < 1 or shape.lookup < 0:
+            raise SpecExportError(f"--tree {spec!r} is not a tree shape; give NODES[:DEPTH[:WIDTH[:LOOKUP]]] with"
+                                  " positive integers (LOOKUP may be 0), such as 32 or 4:2:2 or 32:6:4:0")
         return shape
 
 
@@ -72,7 +73,7 @@ class TreeDrafter:
 
     def __init__(self, pieces: Pieces, shape: TreeShape, max_context: int) -> None:
         self.chain = ModelDrafter(pieces)
-        self.lookup = LookupDrafter(pieces.vocab_size, max_context)
+        self.lookup = LookupDrafter(pieces.vocab_size, max_context, shape.lookup)
         self.piece, self.vocab_map, self.shape = pieces.drafter, pieces.drafter_vocab, shape
 
     def start(self, prompt: list[int]) -> None:
@@ -121,7 +122,7 @@ class TreeDrafter:
                 cands.extend(kids)
         tokens, parents = select(cands, nodes)
         tokens[0] = history[-1]
-        n, end = self.lookup.match(history)
+        n, end = self.lookup.match(history) if self.shape.lookup else (0, -1)
         if n:
             room = max_context - pos - len(tokens)  # every token needs a cache slot
             graft(tokens, parents, history[end + 1:end + 1 + min(self.lookup.max_tokens, room)])

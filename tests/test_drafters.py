@@ -14,9 +14,10 @@ from click.testing import CliRunner
 from scipy import stats as sps
 from specexport.runtime import load
 from specexport.runtime.cli import main
-from specexport.runtime.drafters import LOOKUP_MAX_TOKENS, LookupDrafter
+from specexport.runtime.drafters import LookupDrafter
 from specexport.runtime.policies import FixedPolicy
 from specexport.runtime.sampling import SamplingParams
+from specexport.runtime.tree import TreeShape
 from specexport.runtime.verification import rank, specdec_verify
 
 from .test_speculative_sampling import ALPHA
@@ -97,7 +98,7 @@ def test_greedy_equals_ar(session, mode):
         assert total["lookup"] > 0 and total["self"] + total["model"] > 0, total
 
 
-@pytest.mark.parametrize("tree", ["1", "4:2:2", "8", "24:6:4"])
+@pytest.mark.parametrize("tree", ["1", "4:2:2", "8", "24:6:4:0"])
 def test_tree_greedy_equals_ar(session, tree):
     ar = ar_tokens(session)
     total = Counter()
@@ -108,7 +109,8 @@ def test_tree_greedy_equals_ar(session, tree):
         total.update(steps=out.stats.steps, drafted=out.stats.drafted, accepted=out.stats.accepted)
     assert 0 < total["accepted"] < total["drafted"], total
     # the prefill drafts nothing; a step drafts the shape's nodes and at most a lookup branch besides
-    assert total["drafted"] <= (total["steps"] - len(PROMPTS)) * (int(tree.split(":")[0]) + LOOKUP_MAX_TOKENS)
+    shape = TreeShape.parse(tree)
+    assert total["drafted"] <= (total["steps"] - len(PROMPTS)) * (shape.nodes + shape.lookup)
 
 
 def test_tree_keeps_more_than_a_chain_of_the_same_drafter(session):
@@ -117,7 +119,7 @@ def test_tree_keeps_more_than_a_chain_of_the_same_drafter(session):
         return sum(session.generate(p, max_new_tokens=NEW_TOKENS, mode="model", **how).stats.mean_accepted_tokens
                    for p in PROMPTS)
 
-    chain, tree = tau(gamma=6, eta=0.0), tau(tree="24")
+    chain, tree = tau(gamma=6, eta=0.0), tau(tree="24:6:4:0")
     assert tree > chain, (tree, chain)
 
 
@@ -170,7 +172,7 @@ def test_tree_refusals(session, tiny_bundles):
         session.generate("hash table", max_new_tokens=4, mode="model", tree="8", temperature=0.7)
     with pytest.raises(SpecExportError, match="needs --mode model"):
         session.generate("hash table", max_new_tokens=4, mode="self", tree="8")
-    for bad in ("0", "8:x", "8:2:2:2", "-3"):
+    for bad in ("0", "8:x", "8:2:2:2:2", "-3", "8:2:0", "8:2:2:-1"):
         with pytest.raises(SpecExportError, match="is not a tree shape"):
             session.generate("hash table", max_new_tokens=4, mode="model", tree=bad)
 
