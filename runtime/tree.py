@@ -103,7 +103,13 @@ class TreeDrafter:
         for depth in range(2, self.shape.depth + 1):
             if slot + self.shape.width > max_context:  # the drafter's cache ends here
                 break
-            frontier = sorted(level, key=lambda i: -cands[i].score)[: self.shape.width]
+            # a child is never likelier than its parent, so a leaf below the nodes-th likeliest score so far
+            # cannot lead into the tree: expanding it would be a wasted drafter call
+            floor = sorted((c.score for c in cands), reverse=True)[nodes - 1] if len(cands) >= nodes else -np.inf
+            frontier = [i for i in sorted(level, key=lambda i: -cands[i].score)[: self.shape.width]
+                        if cands[i].score >= floor]
+            if not frontier:
+                break
             visible = np.zeros((len(frontier), slot + len(frontier) - pos), dtype=bool)
             visible[:, 0] = True  # the root
             for row, i in enumerate(frontier):
