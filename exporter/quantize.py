@@ -275,6 +275,14 @@ def multirow_attention(model: onnx.ModelProto) -> int:
     seqlens = node("Add", ["seqlens_k", extra], "mr_seqlens")
     start = node("Sub", [rows, node("Cast", [extra], "mr_extra64", to=7)], "mr_start")
     zero = const("mr_zero", [0], np.int64)
+    # a token tree's inputs grow with the call: the copy takes the next position, and a zero bias row and
+    # column (its output is dropped, and the causal mask hides its key from the real rows)
+    positions = node("Concat", ["position_ids", node("Add", [
+        node("Slice", ["position_ids", start, rows, "mr_axis1"], "mr_pos_last"), const("mr_step", 1, np.int64)],
+        "mr_pos_copy")], "mr_positions", axis=1)
+    extra1 = node("Reshape", ["mr_extra64", const("mr_dim1", [1], np.int64)], "mr_extra1")
+    pads = node("Concat", [const("mr_pads0", [0] * 6, np.int64), extra1, extra1], "mr_pads", axis=0)
+    bias = node("Pad", ["attention_bias", pads], "mr_bias", mode="constant") if "attention_bias" in inputs else ""
     rewritten: list[onnx.NodeProto] = []
     for i, gqa in enumerate(graph.node):
         if gqa.op_type != "GroupQueryAttention":
@@ -285,6 +293,10 @@ def multirow_attention(model: onnx.ModelProto) -> int:
                                   axis=1)
         out = gqa.output[0]
         gqa.input[0], gqa.input[5], gqa.input[6], gqa.output[0] = f"mr_qkv_{i}", seqlens, total, f"mr_attn_{i}"
+        if len(gqa.input) > 9 and gqa.input[9]:
+            gqa.input[9] = positions
+        if len(gqa.input) > 10 and gqa.input[10]:
+            gqa.input[10] = bias
         trim = helper.make_node("Slice", [f"mr_attn_{i}", zero, rows, "mr_axis1"], [out], name=f"mr_trim_{i}")
         rewritten.extend([copy, padded, gqa, trim])
     del graph.node[:]
