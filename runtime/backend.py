@@ -53,6 +53,11 @@ class TreeMask:
     depth: np.ndarray  # [n]
     visible: np.ndarray  # [n, start + n - base] bool
 
+    @staticmethod
+    def supported(piece) -> bool:
+        """Whether a piece takes token trees (bundles built before `attention_bias` do not)."""
+        return "attention_bias" in getattr(piece, "input_names", ())
+
     @classmethod
     def from_parents(cls, parents: list[int], base: int) -> TreeMask:
         """A whole tree in one call at `base`, in topological order: parents[i] < i, -1 for the root only."""

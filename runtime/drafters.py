@@ -33,6 +33,7 @@ class Draft:
     qs: list[np.ndarray] | None = None  # the draft distributions over the full vocabulary (sampling only)
     hidden: np.ndarray | None = None  # shallow states of history[-1] + tokens, when the drafter made them
     catchup_s: float = 0.0  # seconds spent reading history the drafter had not seen yet (not a per-step cost)
+    parents: list[int] | None = None  # a token tree: each of [history[-1], *tokens]'s parent (runtime/tree.py)
 
 
 class Drafter(Protocol):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .backend import TreeMask
 from .decode import Pieces, autoregressive
 from .drafters import LOOKUP_MAX_TOKENS, AutoDrafter, Drafter, HierDrafter, LookupDrafter, ModelDrafter, SelfDrafter
 from .errors import SpecExportError
@@ -19,7 +20,7 @@ from .sampling import SamplingParams
 from .speculative import speculative
 from .stats import Stats
 from .text import Detokenizer, TextCodec, check_prompt_fits
-from .tree import TreeDrafter, TreeShape, tree_speculative
+from .tree import AUTO_TREE, TreeDrafter, TreeShape
 from .verification import make_verify
 
 BACKENDS = ("onnxruntime", "tensorrt")
@@ -203,8 +204,12 @@ def _lookup(session: Session, opts: Options) -> LookupDrafter:
 
 def _auto(session: Session, opts: Options, stats: Stats) -> AutoDrafter:
     p = session.pieces
-    drafters = [*([SelfDrafter(p)] if p.adapter is not None else []),
-                *([ModelDrafter(p)] if p.drafter is not None else [])]
+    drafters: list[Drafter] = [SelfDrafter(p)] if p.adapter is not None else []
+    if p.drafter is not None:
+        drafters.append(ModelDrafter(p))
+        greedy = SamplingParams(opts.temperature, opts.top_k, opts.top_p).greedy
+        if greedy and opts.verify == "exact" and all(TreeMask.supported(x) for x in (p.shallow, p.deep, p.drafter)):
+            drafters.append(TreeDrafter(p, AUTO_TREE, session.bundle.max_context, chain=drafters[-1]))
     return AutoDrafter(drafters, _lookup(session, opts), stats)
 
 
@@ -246,9 +251,13 @@ def _tree_loop(session: Session, mode: str, ids, params, rng, stats, opts):
     if opts.schedule != "sequential" or opts.verify != "exact" or opts.policy:
         raise SpecExportError("--tree sets its own draft shape and verifies exactly: drop --schedule, --verify and"
                               " --policy, or drop --tree")
+    if not params.greedy:
+        raise SpecExportError("--tree verifies greedy decoding only; drop --temperature (or set it to 0),"
+                              " or drop --tree")
     stats.mode = f"model-tree{opts.tree}"
     drafter = TreeDrafter(session.pieces, TreeShape.parse(opts.tree), session.bundle.max_context)
-    return tree_speculative(session.pieces, drafter, ids, params, rng, stats, session.bundle.max_context)
+    return speculative(session.pieces, drafter, _policy(session, opts, mode), ids, params, rng, stats,
+                       session.bundle.max_context)
 
 
 LOOPS: dict[str, Callable] = {"ar": _ar_loop, **{mode: _speculative_loop(mode) for mode in DRAFTERS}}

@@ -16,11 +16,13 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from .backend import TreeMask
 from .decode import Pieces, ids_array, prefill
 from .drafters import Draft, Drafter
 from .policies import DraftPolicy
 from .sampling import SamplingParams, pick, probabilities, sample
 from .stats import Stats
+from .tree import keep_branch
 
 
 def judge(draft: int, q: np.ndarray | None, logits: np.ndarray, params: SamplingParams,
@@ -66,10 +68,14 @@ def speculative(pieces: Pieces, drafter: Drafter, policy: DraftPolicy, prompt: l
         draft = drafter.propose(history, budget, policy, params, rng) if budget > 0 else Draft([])
         t1 = time.perf_counter()
         hidden = draft.hidden
+        tree = None if draft.parents is None else TreeMask.from_parents(draft.parents, pos)
         if hidden is None:
-            hidden = pieces.shallow.run(ids_array([history[-1], *draft.tokens]), pos)["hidden"]
-        logits = pieces.deep.run(hidden, pos, keep=hidden.shape[1])["logits"][0]
-        new = accept(draft.tokens, draft.qs, logits, params, rng)
+            hidden = pieces.shallow.run(ids_array([history[-1], *draft.tokens]), pos, tree=tree)["hidden"]
+        logits = pieces.deep.run(hidden, pos, keep=hidden.shape[1], tree=tree)["logits"][0]
+        if tree is None:
+            new = accept(draft.tokens, draft.qs, logits, params, rng)
+        else:  # greedy: the target's branch through the tree
+            new, hidden = keep_branch(pieces, draft, logits, hidden, pos)
         t2 = time.perf_counter()
         drafter.advance(hidden, pos, len(new))
         policy.observe(len(draft.tokens), len(new) - 1, t1 - t0, t2 - t1)

@@ -15,18 +15,16 @@ same for 1 or 64 tokens; on a CPU it does not (BENCHMARKS.md), so the node budge
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 from .backend import TreeMask
-from .decode import Pieces, ids_array, prefill
-from .drafters import LOOKUP_MAX_TOKENS, LookupDrafter, ModelDrafter
+from .decode import Pieces, ids_array
+from .drafters import LOOKUP_MAX_TOKENS, Draft, LookupDrafter, ModelDrafter
 from .errors import SpecExportError
-from .sampling import SamplingParams, pick
-from .stats import Stats
+from .policies import DraftPolicy
+from .sampling import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -50,6 +48,12 @@ class TreeShape:
         return shape
 
 
+# auto's tree: the drafter's two likeliest next tokens and lookup's branch, no drafter call past the
+# catch-up; the fastest shape measured on the 2-core CPU (README, reports/tree-shapes-l3). A GPU, whose
+# verify cost is flat in the tree's size, would want a larger one.
+AUTO_TREE = TreeShape(2, 1, 2)
+
+
 @dataclass
 class Node:
     token: int
@@ -69,16 +73,33 @@ class TreeDrafter:
     it as one more branch when the text so far repeats (a small drafter misses copies of the prompt,
     which lookup gets right at no cost but their verification). The drafter's cache holds the history
     through history[-1] (ModelDrafter's bookkeeping does the catching up) and, past it, the expanded
-    tokens of the current tree, which the next step overwrites."""
+    tokens of the current tree, which the next step overwrites. Beside a chain-drafting ModelDrafter of
+    the same piece (in auto), pass it as `chain` so both track one cache. A tree's size is its shape's,
+    not the draft-length policy's: the policy only decides whether to draft at all."""
 
-    def __init__(self, pieces: Pieces, shape: TreeShape, max_context: int) -> None:
-        self.chain = ModelDrafter(pieces)
+    name = "tree"
+
+    def __init__(self, pieces: Pieces, shape: TreeShape, max_context: int, chain: ModelDrafter | None = None) -> None:
+        self.chain = chain or ModelDrafter(pieces)
         self.lookup = LookupDrafter(pieces.vocab_size, max_context, shape.lookup)
         self.piece, self.vocab_map, self.shape = pieces.drafter, pieces.drafter_vocab, shape
+        self.max_context = max_context
 
-    def start(self, prompt: list[int]) -> None:
-        self.chain.start(prompt, None)
-        self.lookup.start(prompt, None)
+    def start(self, prompt: list[int], hidden: np.ndarray | None) -> None:
+        self.chain.start(prompt, hidden)
+        self.lookup.start(prompt, hidden)
+
+    def propose(self, history: list[int], budget: int, policy: DraftPolicy, params: SamplingParams,
+                rng: np.random.Generator) -> Draft:
+        if not params.greedy:
+            raise SpecExportError("--tree verifies greedy decoding only; drop --temperature (or set it to 0),"
+                                  " or drop --tree")
+        room = self.max_context - len(history)  # every tree token needs a cache slot
+        tokens, parents = self.grow(history, min(self.shape.nodes, room), self.max_context)
+        return Draft(tokens[1:], parents=parents)
+
+    def advance(self, hidden: np.ndarray, pos: int, final: int) -> None:
+        pass  # the next grow compares the drafter's cache with the history
 
     def _children(self, logits: np.ndarray, parent: int, base: float, depth: int) -> list[Node]:
         logp = log_softmax(logits)
@@ -178,28 +199,12 @@ def walk(tokens: list[int], parents: list[int], logits: np.ndarray) -> tuple[lis
         path.append(nxt)
 
 
-def tree_speculative(pieces: Pieces, drafter: TreeDrafter, prompt: list[int], params: SamplingParams,
-                     rng: np.random.Generator, stats: Stats, max_context: int) -> Iterator[list[int]]:
-    """Grow a tree, verify it with one shallow and one deep call, keep the target's branch."""
-    if not params.greedy:
-        raise SpecExportError("--tree verifies greedy decoding only; drop --temperature (or set it to 0),"
-                              " or drop --tree")
-    hidden, logits = prefill(pieces, prompt, stats)
-    drafter.start(prompt)
-    history = [*prompt, pick(logits[0, -1], params, rng)]
-    yield history[-1:]
-    while True:
-        pos = len(history) - 1
-        t0 = time.perf_counter()
-        tokens, parents = drafter.grow(history, min(drafter.shape.nodes, max_context - pos - 1), max_context)
-        t1 = time.perf_counter()
-        mask = TreeMask.from_parents(parents, pos)
-        hidden = pieces.shallow.run(ids_array(tokens), pos, tree=mask)["hidden"]
-        logits = pieces.deep.run(hidden, pos, keep=len(tokens), tree=mask)["logits"][0]
-        path, target = walk(tokens, parents, logits)
-        for piece in (pieces.shallow, pieces.deep):
-            piece.keep_slots(pos, [pos + i for i in path])
-        new = [*(tokens[i] for i in path[1:]), target]
-        stats.record_step(len(tokens) - 1, len(new) - 1, t1 - t0, time.perf_counter() - t1)
-        history.extend(new)
-        yield new
+def keep_branch(pieces: Pieces, draft: Draft, logits: np.ndarray, hidden: np.ndarray, pos: int
+                ) -> tuple[list[int], np.ndarray]:
+    """After a tree's verify call at `pos`: the target's branch and its next token, with the caches and the
+    shallow states (`hidden`, one row per tree token) reduced to that branch, in sequence order."""
+    tokens = [-1, *draft.tokens]
+    path, target = walk(tokens, draft.parents, logits)
+    for piece in (pieces.shallow, pieces.deep):
+        piece.keep_slots(pos, [pos + i for i in path])
+    return [*(tokens[i] for i in path[1:]), target], hidden[:, path]

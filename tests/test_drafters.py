@@ -94,8 +94,8 @@ def test_greedy_equals_ar(session, mode):
     assert 0 < total["accepted"] < total["drafted"], total
     if mode == "hier":
         assert total["cut"] > 0  # the untrained adapter disputes drafts, so the screen cut some
-    if mode == "auto":
-        assert total["lookup"] > 0 and total["self"] + total["model"] > 0, total
+    if mode == "auto":  # greedy on a bundle whose pieces take trees: auto's choices include a token tree
+        assert total["lookup"] > 0 and total["self"] + total["model"] > 0 and total["tree"] > 0, total
 
 
 @pytest.mark.parametrize("tree", ["1", "4:2:2", "8", "24:6:4:0"])
@@ -163,6 +163,16 @@ def test_lookup_branch_is_grafted_sharing_what_the_tree_has():
     assert tokens == [7, 10, 11, 12, 5, 6] and parents == [-1, 0, 0, 1, 3, 4]
     graft(tokens, parents, [11, 9])
     assert tokens[-1] == 9 and parents[-1] == 2
+
+
+def test_auto_offers_a_tree_only_where_it_verifies(session):
+    """Sampling and the relaxed rule keep auto to chains; greedy with exact verification adds the tree."""
+    def offered(**how) -> set[str]:  # auto counts steps for every choice it has, taken or not
+        return set(session.generate("hash table", max_new_tokens=24, mode="auto", **how).stats.extra["auto_steps"])
+
+    assert "tree" in offered()
+    assert "tree" not in offered(temperature=0.8)
+    assert "tree" not in offered(verify="specdec")
 
 
 def test_tree_refusals(session, tiny_bundles):
