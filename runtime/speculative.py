@@ -6,7 +6,9 @@ A step drafts from the last one (at most the policy's budget), verifies all draf
 call over their shallow states (the self-drafter made them while drafting, so the shallow layers
 never run twice on a token; for other drafters one shallow call makes them), and keeps the accepted
 prefix plus the target's own next token. Caches are rolled back by moving the position: nothing is
-copied or cleared.
+copied or cleared. A draft may be a token tree (runtime/tree.py, greedy): the same calls then take a
+tree mask, and the target's branch through the tree is what is kept, its cache entries moved into
+sequence.
 """
 
 from __future__ import annotations
