@@ -254,6 +254,10 @@ def _tree_loop(session: Session, mode: str, ids, params, rng, stats, opts):
     if not params.greedy:
         raise SpecExportError("--tree verifies greedy decoding only; drop --temperature (or set it to 0),"
                               " or drop --tree")
+    p = session.pieces
+    if not all(TreeMask.supported(x) for x in (p.shallow, p.deep, p.drafter)):
+        raise SpecExportError(f"bundle {session.bundle.root} predates token trees (its pieces take no"
+                              " attention_bias); rebuild it with `specexport build` to use --tree")
     stats.mode = f"model-tree{opts.tree}"
     drafter = TreeDrafter(session.pieces, TreeShape.parse(opts.tree), session.bundle.max_context)
     return speculative(session.pieces, drafter, _policy(session, opts, mode), ids, params, rng, stats,

@@ -182,6 +182,15 @@ def test_tree_refusals(session, tiny_bundles):
         session.generate("hash table", max_new_tokens=4, mode="model", tree="8", temperature=0.7)
     with pytest.raises(SpecExportError, match="needs --mode model"):
         session.generate("hash table", max_new_tokens=4, mode="self", tree="8")
+    deep = session.pieces.deep
+    names = deep.input_names
+    deep.input_names = names - {"attention_bias"}  # as a bundle built before token trees
+    try:
+        with pytest.raises(SpecExportError, match="predates token trees"):
+            session.generate("hash table", max_new_tokens=4, mode="model", tree="8")
+        assert "tree" not in session.generate("hash table", max_new_tokens=4, mode="auto").stats.extra["auto_steps"]
+    finally:
+        deep.input_names = names
     for bad in ("0", "8:x", "8:2:2:2:2", "-3", "8:2:0", "8:2:2:-1"):
         with pytest.raises(SpecExportError, match="is not a tree shape"):
             session.generate("hash table", max_new_tokens=4, mode="model", tree=bad)
