@@ -68,7 +68,8 @@ KEYS = {
                " new_tokens, seconds, tokens_per_s, steps, drafted, accepted, mean_accepted_tokens,"
                " acceptance_rate, speedup, identical_to_ar, first_mismatch (index of the first token that"
                " differs from the reference, null if none), finish_reason (eos|length); with --repeats > 1 also"
-               " seconds_runs (every round's seconds; the record's figures are the median round's)",
+               " seconds_runs (every round's seconds; the record's figures are the median round's); auto_steps:"
+               " auto's steps per choice (self, model, tree, lookup, ar: a plain step), null for other systems",
 }
 
 
@@ -83,6 +84,7 @@ class RunResult:
     drafted: int | None = None
     accepted: int | None = None
     finish_reason: str = "length"
+    auto_steps: dict[str, int] | None = None  # auto's steps per choice
 
     @property
     def new_tokens(self) -> int:
@@ -123,7 +125,7 @@ def make_record(question_id: int | str, category: str, system: str, result: RunR
         "mean_accepted_tokens": _emitted(result.new_tokens, result.finish_reason) / result.steps
         if result.steps else None,
         "acceptance_rate": result.accepted / result.drafted if result.drafted else None,
-        "finish_reason": result.finish_reason,
+        "finish_reason": result.finish_reason, "auto_steps": result.auto_steps,
         "speedup": None, "identical_to_ar": None, "first_mismatch": None,
     }
 

@@ -92,4 +92,5 @@ class SpecExportSystem(System):
         s = g.stats
         # drafted/accepted are 0 for AR; make_record turns "nothing drafted" into a null acceptance rate
         return RunResult(list(g.tokens), seconds, steps=s.steps, drafted=s.drafted, accepted=s.accepted,
-                         finish_reason="eos" if g.finish_reason == "eos" else "length")
+                         finish_reason="eos" if g.finish_reason == "eos" else "length",
+                         auto_steps=s.extra.get("auto_steps"))

@@ -598,6 +598,11 @@ def test_end_to_end_tiny_bundle(tiny_bundles, tmp_path):
     assert "no drafter piece" in data["skipped"]["specexport-model-tree8"]
     assert "onnxruntime-genai is not installed" in data["skipped"]["ortgenai-fp32"]
     records = data["records"]
+    for r in records:  # auto says how its steps split between its choices; nothing else has choices
+        if r["system"] == "specexport-auto":
+            assert 1 <= sum(r["auto_steps"].values()) <= r["steps"] - 1 and "self" in r["auto_steps"]
+        else:
+            assert r["auto_steps"] is None
     rag = [r for r in records if r["category"] == "rag"]
     assert all(r["prompt_cut"] for r in rag) and not any(r["prompt_cut"] for r in records if r["category"] == "qa")
     assert len({r["prompt_tokens"] for r in rag}) == 1  # every system got the same prompt ids
