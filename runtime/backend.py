@@ -104,9 +104,13 @@ def control_feeds(names: set[str], start: int, n: int, keep: int, tree: TreeMask
     return {k: v for k, v in feeds.items() if k in names}
 
 
-def bias_spec(inputs: list[TensorSpec], start: int, n: int, max_context: int) -> tuple[int, str] | None:
-    """Width and dtype of a piece's `attention_bias` for a call of n tokens at `start`, if it has one."""
-    spec = next((t for t in inputs if t.name == "attention_bias"), None)
+def bias_input(inputs: list[TensorSpec]) -> TensorSpec | None:
+    """A piece's `attention_bias` input, if it has one (found once, when the piece opens)."""
+    return next((t for t in inputs if t.name == "attention_bias"), None)
+
+
+def bias_spec(spec: TensorSpec | None, start: int, n: int, max_context: int) -> tuple[int, str] | None:
+    """Width and dtype of the `attention_bias` input `spec` for a call of n tokens at `start`."""
     if spec is None:
         return None
     return (max_context if spec.shape[-1] == "cache_len" else start + n), spec.dtype

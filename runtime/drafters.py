@@ -172,6 +172,20 @@ class ModelDrafter:
         k = fed_prefix(self.fed, history, min(self.final, len(self.fed)), min(len(self.fed), len(history)))
         return min(k, len(history) - 1)
 
+    def feed(self, tokens: list[int], at: int) -> dict[str, np.ndarray]:
+        """Run the piece on `tokens` at positions at.. and record what its cache now holds."""
+        out = self.piece.run(ids_array(tokens), at)
+        del self.fed[at:]
+        self.fed.extend(tokens)
+        return out
+
+    def catch_up(self, history: list[int]) -> dict[str, np.ndarray]:
+        """Feed the history the cache lacks, through history[-1]; the outputs hold its next-token logits."""
+        at = self._cached(history)
+        out = self.feed(history[at:], at)
+        self.final = len(history)
+        return out
+
     def propose(self, history: list[int], budget: int, policy: DraftPolicy, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
         at = self._cached(history)
@@ -179,11 +193,9 @@ class ModelDrafter:
         drafts, qs, catchup = [], [], 0.0
         while len(drafts) < budget:
             t0 = time.perf_counter()
-            out = self.piece.run(ids_array(feed), at)
+            out = self.feed(feed, at)
             if len(feed) > 2:  # more than the last draft + the target's token: the prefill, or other drafters' steps
                 catchup = time.perf_counter() - t0
-            del self.fed[at:]
-            self.fed.extend(feed)
             x, q, signal = choose(out, params, rng, self.vocab_map, self.vocab_size)
             drafts.append(x)
             if q is not None:

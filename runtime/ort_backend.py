@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from .backend import TensorSpec, TreeMask, bias_spec, control_feeds
+from .backend import TensorSpec, TreeMask, bias_input, bias_spec, control_feeds
 from .errors import SpecExportError
 
 _shared_pool_threads: int | None = None  # size of the process-wide intra-op pool, once enabled
@@ -65,6 +65,7 @@ class OrtPiece:
         self.primary = next(t.name for t in self.inputs if t.name in ("input_ids", "hidden_in"))
         self.kv_mode = spec["kv"]["mode"]
         self.input_names = {t.name for t in self.inputs}
+        self.bias_input = bias_input(self.inputs)
         self.result_names = [t.name for t in self.outputs if not t.name.startswith("present_")]
         self.binding = self.session.io_binding()
         self.max_context = max_context
@@ -93,7 +94,7 @@ class OrtPiece:
         n = x.shape[1]
         self._bind_outputs()
         self.binding.bind_cpu_input(self.primary, x)
-        bias = bias_spec(self.inputs, start, n, self.max_context)
+        bias = bias_spec(self.bias_input, start, n, self.max_context)
         for name, value in control_feeds(self.input_names, start, n, keep, tree, bias).items():
             self.binding.bind_cpu_input(name, value)
         self.session.run_with_iobinding(self.binding)

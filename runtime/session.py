@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 
-from .backend import TreeMask
 from .decode import Pieces, autoregressive
 from .drafters import LOOKUP_MAX_TOKENS, AutoDrafter, Drafter, HierDrafter, LookupDrafter, ModelDrafter, SelfDrafter
 from .errors import SpecExportError
@@ -20,7 +19,7 @@ from .sampling import SamplingParams
 from .speculative import speculative
 from .stats import Stats
 from .text import Detokenizer, TextCodec, check_prompt_fits
-from .tree import AUTO_TREE, TreeDrafter, TreeShape
+from .tree import AUTO_TREE, TreeDrafter, TreeShape, trees_supported
 from .verification import make_verify
 
 BACKENDS = ("onnxruntime", "tensorrt")
@@ -53,7 +52,7 @@ class Options:
     verify: str = "exact"  # exact | specdec (relaxed, greedy only; runtime/verification.py)
     beta: int | None = None  # specdec: a draft must be in the target's top beta ...
     tau: float | None = None  # ... and within tau nats of the top token's log-probability
-    tree: str | None = None  # token-tree speculation with the drafter: NODES[:DEPTH:WIDTH] (runtime/tree.py)
+    tree: str | None = None  # token-tree speculation with the drafter: NODES[:DEPTH[:WIDTH[:LOOKUP]]] (runtime/tree.py)
 
 
 def _open_pieces(bundle: Bundle, backend: str, providers: list[str] | None,
@@ -208,7 +207,7 @@ def _auto(session: Session, opts: Options, stats: Stats) -> AutoDrafter:
     if p.drafter is not None:
         drafters.append(ModelDrafter(p))
         greedy = SamplingParams(opts.temperature, opts.top_k, opts.top_p).greedy
-        if greedy and opts.verify == "exact" and all(TreeMask.supported(x) for x in (p.shallow, p.deep, p.drafter)):
+        if greedy and opts.verify == "exact" and trees_supported(p):
             drafters.append(TreeDrafter(p, AUTO_TREE, session.bundle.max_context, chain=drafters[-1]))
     return AutoDrafter(drafters, _lookup(session, opts), stats)
 
@@ -254,8 +253,7 @@ def _tree_loop(session: Session, mode: str, ids, params, rng, stats, opts):
     if not params.greedy:
         raise SpecExportError("--tree verifies greedy decoding only; drop --temperature (or set it to 0),"
                               " or drop --tree")
-    p = session.pieces
-    if not all(TreeMask.supported(x) for x in (p.shallow, p.deep, p.drafter)):
+    if not trees_supported(session.pieces):
         raise SpecExportError(f"bundle {session.bundle.root} predates token trees (its pieces take no"
                               " attention_bias); rebuild it with `specexport build` to use --tree")
     stats.mode = f"model-tree{opts.tree}"

@@ -48,6 +48,12 @@ class TreeShape:
         return shape
 
 
+def trees_supported(pieces: Pieces) -> bool:
+    """Whether every piece a tree step runs takes token trees (bundles built before `attention_bias` do not)."""
+    return pieces.drafter is not None and all(TreeMask.supported(p) for p in (pieces.shallow, pieces.deep,
+                                                                              pieces.drafter))
+
+
 # auto's tree: the drafter's two likeliest next tokens and lookup's branch, no drafter call past the
 # catch-up; the fastest shape measured on the 2-core CPU (README, reports/tree-shapes-l3). A GPU, whose
 # verify cost is flat in the tree's size, would want a larger one.
@@ -75,7 +81,8 @@ class TreeDrafter:
     through history[-1] (ModelDrafter's bookkeeping does the catching up) and, past it, the expanded
     tokens of the current tree, which the next step overwrites. Beside a chain-drafting ModelDrafter of
     the same piece (in auto), pass it as `chain` so both track one cache. A tree's size is its shape's,
-    not the draft-length policy's: the policy only decides whether to draft at all."""
+    not the draft-length policy's: the policy only decides whether to draft at all. Greedy decoding
+    only: the session refuses --tree otherwise, and auto offers a tree only then."""
 
     name = "tree"
 
@@ -91,11 +98,8 @@ class TreeDrafter:
 
     def propose(self, history: list[int], budget: int, policy: DraftPolicy, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
-        if not params.greedy:
-            raise SpecExportError("--tree verifies greedy decoding only; drop --temperature (or set it to 0),"
-                                  " or drop --tree")
         room = self.max_context - len(history)  # every tree token needs a cache slot
-        tokens, parents = self.grow(history, min(self.shape.nodes, room), self.max_context)
+        tokens, parents = self.grow(history, min(self.shape.nodes, room))
         return Draft(tokens[1:], parents=parents)
 
     def advance(self, hidden: np.ndarray, pos: int, final: int) -> None:
@@ -108,14 +112,10 @@ class TreeDrafter:
         ids = self.vocab_map[top] if self.vocab_map is not None else top
         return [Node(int(t), parent, base + float(logp[i]), depth) for t, i in zip(ids, top, strict=True)]
 
-    def grow(self, history: list[int], nodes: int, max_context: int) -> tuple[list[int], list[int]]:
+    def grow(self, history: list[int], nodes: int) -> tuple[list[int], list[int]]:
         """(tokens, parents) of the step's tree in topological order; tokens[0] is history[-1]."""
-        pos = len(history) - 1
-        at = self.chain._cached(history)
-        out = self.piece.run(ids_array(history[at:]), at)
-        del self.chain.fed[at:]
-        self.chain.fed.extend(history[at:])
-        self.chain.final = len(history)
+        pos, max_context = len(history) - 1, self.max_context
+        out = self.chain.catch_up(history)
         if nodes == 0:
             return [history[-1]], [-1]
         cands = self._children(out["logits"][0, -1], -1, 0.0, 1)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .backend import TensorSpec, TreeMask, bias_spec, control_feeds
+from .backend import TensorSpec, TreeMask, bias_input, bias_spec, control_feeds
 from .errors import SpecExportError
 
 PRIMARY_INPUTS = ("input_ids", "hidden_in")
@@ -207,6 +207,7 @@ class TrtPiece:
         self.inputs = [TensorSpec.from_json(t) for t in spec["inputs"]]
         self.outputs = [TensorSpec.from_json(t) for t in spec["outputs"]]
         self.input_names = {t.name for t in self.inputs}
+        self.bias_input = bias_input(self.inputs)
         self.primary = next(t for t in self.inputs if t.name in PRIMARY_INPUTS)
         self.result_specs = [t for t in self.outputs if not t.name.startswith("present_")]
         self.profiles = plan["profiles"]
@@ -322,7 +323,7 @@ class TrtPiece:
         index = select_profile(self.profiles, n, keep)
         ctx = self.contexts[index]
         feeds = control_feeds(self.input_names, start, n, keep, tree,
-                              bias_spec(self.inputs, start, n, self.max_context))
+                              bias_spec(self.bias_input, start, n, self.max_context))
         feeds[self.primary.name] = np.ascontiguousarray(x, dtype=self.primary.dtype)
         for name, value in feeds.items():
             if name in self.shape_tensors:  # shape tensors are read from host memory

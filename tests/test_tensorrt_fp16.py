@@ -29,7 +29,7 @@ from specexport.exporter.hf_weights import extract
 from specexport.exporter.llama_graph import AdapterWeights
 from specexport.exporter.parity import TOLERANCE, relative_error
 from specexport.exporter.trt_graph import inplace_kv
-from specexport.runtime.backend import TensorSpec, bias_spec, control_feeds
+from specexport.runtime.backend import TensorSpec, bias_input, bias_spec, control_feeds
 from specexport.runtime.ort_backend import OrtPiece
 from transformers import AutoModelForCausalLM
 
@@ -162,13 +162,13 @@ class ReferencePiece:
         self.evaluator = ReferenceEvaluator(self.model)
         self.names = [o.name for o in self.model.graph.output]
         self.inputs = {t["name"] for t in spec["inputs"]}
-        self.specs = [TensorSpec.from_json(t) for t in spec["inputs"]]
+        self.bias = bias_input([TensorSpec.from_json(t) for t in spec["inputs"]])
         self.cache = {t["name"]: np.zeros([1 if d == "batch" else CONTEXT if d == "cache_len" else d
                                            for d in t["shape"]], dtype=t["dtype"])
                       for t in spec["inputs"] if t["name"].startswith("past_")}
 
     def run(self, x: np.ndarray, start: int, keep: int = 1) -> dict:
-        bias = bias_spec(self.specs, start, x.shape[1], CONTEXT)
+        bias = bias_spec(self.bias, start, x.shape[1], CONTEXT)
         feeds = {**control_feeds(self.inputs, start, x.shape[1], keep, bias=bias), **self.cache}
         feeds["input_ids" if "input_ids" in self.inputs else "hidden_in"] = x
         out = dict(zip(self.names, self.evaluator.run(None, feeds), strict=True))
