@@ -241,9 +241,12 @@ def generate_mode(mode: str | None, drafter: str | None, hierarchy: str | None) 
 @click.option("--tau", type=float, default=None, help="specdec: largest log-probability gap to the top token"
               " (default 2.0).")
 @click.option("--tree", default=None, help="Token-tree speculation (greedy, the drafter piece):"
-              " NODES[:DEPTH[:WIDTH[:LOOKUP]]]: the drafter's NODES likeliest tokens, grown DEPTH levels deep from"
-              " the WIDTH likeliest branches (default 6:4), plus prompt lookup's continuation of up to LOOKUP tokens"
-              " (default 10; 0: none) when the text repeats; all verified in one call. Implies --mode model.")
+              " NODES[:DEPTH[:WIDTH[:LOOKUP[:KEEP[:EXPAND]]]]]: the drafter's NODES likeliest tokens, grown"
+              " DEPTH levels deep from the WIDTH likeliest branches (default 6:4), plus prompt lookup's"
+              " continuation of up to LOOKUP tokens (default 10; 0: none) when the text repeats; all verified in"
+              " one call. KEEP and EXPAND (probabilities, default 0) leave out drafter tokens whose branch the"
+              " drafter gives less than KEEP, and extend no branch below EXPAND, such as 4:3:2:10:0.08:0.3."
+              " Implies --mode model.")
 @click.option("--stats", is_flag=True, help="Print tokens/s, mean accepted tokens and timings to stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print text and stats as one JSON object on stdout.")
 @click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]), default="onnxruntime",

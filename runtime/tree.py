@@ -6,8 +6,11 @@ too, and the target checks every branch in one call, so a step keeps the longest
 A step grows the tree from history[-1] depth by depth: the `width` likeliest leaves (by the drafter's
 probability of the whole branch) go through the drafter in one call with a tree mask, each adding its
 `width` likeliest next tokens; after `depth` levels the `nodes` likeliest tokens form the tree (a child is
-never likelier than its parent, so they hang together). shallow and deep then read the whole tree in one
-call each, the target's greedy token is followed down from the root, and the caches keep that branch.
+never likelier than its parent, so they hang together). Two floors on the drafter's probability of a
+branch can shrink that: KEEP, below which a token is not verified, and EXPAND, below which a branch is
+not extended; a step where nothing is likely enough is a plain one-token step. shallow and deep then
+read the whole tree in one call each, the target's greedy token is followed down from the root, and the
+caches keep that branch.
 Prompt lookup's continuation joins the tree as one more branch when the text so far repeats.
 Greedy only: the output is exactly the target's greedy output. On a GPU a verify call costs about the
 same for 1 or 64 tokens; on a CPU it does not (BENCHMARKS.md), so the node budget matters there.
@@ -29,22 +32,29 @@ from .sampling import SamplingParams
 
 @dataclass(frozen=True)
 class TreeShape:
-    nodes: int  # the drafter's tokens per step (the root, history[-1], is not one)
+    nodes: int  # most drafter tokens per step (the root, history[-1], is not one)
     depth: int = 6  # drafter levels
     width: int = 4  # leaves expanded per level, and tokens added per expanded leaf
     lookup: int = LOOKUP_MAX_TOKENS  # most tokens of prompt lookup's branch (0: none)
+    keep: float = 0.0  # least drafter probability of a branch for its last token to be verified
+    expand: float = 0.0  # least drafter probability of a branch for a drafter call to extend it
 
     @classmethod
     def parse(cls, spec: str) -> TreeShape:
-        """'NODES[:DEPTH[:WIDTH[:LOOKUP]]]'."""
+        """'NODES[:DEPTH[:WIDTH[:LOOKUP[:KEEP[:EXPAND]]]]]'."""
+        shape = None
         try:
-            parts = [int(p) for p in str(spec).split(":")]
-            shape = cls(*parts)
-        except (TypeError, ValueError):
-            shape = None
-        if shape is None or min(parts[:3]) < 1 or shape.lookup < 0:
-            raise SpecExportError(f"--tree {spec!r} is not a tree shape; give NODES[:DEPTH[:WIDTH[:LOOKUP]]] with"
-                                  " positive integers (LOOKUP may be 0), such as 32 or 4:2:2 or 32:6:4:0")
+            parts = str(spec).split(":")
+            counts, probs = [int(p) for p in parts[:4]], [float(p) for p in parts[4:]]
+            if len(parts) <= 6 and min(counts[:3]) >= 1 and min(counts[3:], default=0) >= 0 and all(
+                    0.0 <= p < 1.0 for p in probs):
+                shape = cls(*counts, *probs)
+        except ValueError:
+            pass
+        if shape is None:
+            raise SpecExportError(f"--tree {spec!r} is not a tree shape; give NODES[:DEPTH[:WIDTH[:LOOKUP[:KEEP"
+                                  "[:EXPAND]]]]]: positive integers (LOOKUP may be 0) and two probabilities in"
+                                  " [0, 1), such as 32 or 4:2:2 or 32:6:4:0 or 4:3:2:10:0.08:0.3")
         return shape
 
 
@@ -54,10 +64,11 @@ def trees_supported(pieces: Pieces) -> bool:
                                                                               pieces.drafter))
 
 
-# auto's tree: the drafter's two likeliest next tokens and lookup's branch, no drafter call past the
-# catch-up; the fastest shape measured on the 2-core CPU (README, reports/tree-shapes-l3). A GPU, whose
-# verify cost is flat in the tree's size, would want a larger one.
-AUTO_TREE = TreeShape(2, 1, 2)
+# auto's tree: up to four drafter tokens three deep, but a token is verified only when the drafter gives its
+# branch 8% or more, and a branch is extended only at 30% or more, plus lookup's branch. On the 2-core CPU a
+# verified token costs about 7% of a one-token step, so most steps verify the one or two likely tokens and
+# no more (README, BENCHMARKS.md). A GPU, whose verify cost is flat in the tree's size, would want more.
+AUTO_TREE = TreeShape(4, 3, 2, keep=0.08, expand=0.3)
 
 
 @dataclass
@@ -100,6 +111,8 @@ class TreeDrafter:
                 rng: np.random.Generator) -> Draft:
         room = self.max_context - len(history)  # every tree token needs a cache slot
         tokens, parents = self.grow(history, min(self.shape.nodes, room))
+        if len(tokens) == 1:  # nothing likely enough: a plain one-token step
+            return Draft([])
         return Draft(tokens[1:], parents=parents)
 
     def advance(self, hidden: np.ndarray, pos: int, final: int) -> None:
@@ -120,6 +133,7 @@ class TreeDrafter:
             return [history[-1]], [-1]
         cands = self._children(out["logits"][0, -1], -1, 0.0, 1)
         level = list(range(len(cands)))
+        keep, expand = (np.log(p) if p > 0 else -np.inf for p in (self.shape.keep, self.shape.expand))
         slot = pos + 1
         for depth in range(2, self.shape.depth + 1):
             if slot + self.shape.width > max_context:  # the drafter's cache ends here
@@ -128,7 +142,7 @@ class TreeDrafter:
             # cannot lead into the tree: expanding it would be a wasted drafter call
             floor = sorted((c.score for c in cands), reverse=True)[nodes - 1] if len(cands) >= nodes else -np.inf
             frontier = [i for i in sorted(level, key=lambda i: -cands[i].score)[: self.shape.width]
-                        if cands[i].score >= floor]
+                        if cands[i].score >= max(floor, expand, keep)]
             if not frontier:
                 break
             visible = np.zeros((len(frontier), slot + len(frontier) - pos), dtype=bool)
@@ -147,7 +161,8 @@ class TreeDrafter:
                 kids = self._children(out["logits"][0, row], i, cands[i].score, depth)
                 level.extend(range(len(cands), len(cands) + len(kids)))
                 cands.extend(kids)
-        tokens, parents = select(cands, nodes)
+        # a child is never likelier than its parent, so the likely enough candidates hang together
+        tokens, parents = select(cands, min(nodes, sum(c.score >= keep for c in cands)))
         tokens[0] = history[-1]
         n, end = self.lookup.match(history) if self.shape.lookup else (0, -1)
         if n:

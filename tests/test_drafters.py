@@ -99,7 +99,7 @@ def test_greedy_equals_ar(session, mode):
         assert total["lookup"] > 0 and total["self"] + total["model"] > 0 and total["tree"] > 0, total
 
 
-@pytest.mark.parametrize("tree", ["1", "4:2:2", "8", "24:6:4:0"])
+@pytest.mark.parametrize("tree", ["1", "4:2:2", "8", "24:6:4:0", "4:3:2:10:0.08:0.3"])
 def test_tree_greedy_equals_ar(session, tree):
     ar = ar_tokens(session)
     total = Counter()
@@ -138,6 +138,43 @@ def test_tree_on_the_standard_flavour_and_at_the_context_end(drafter_bundle, tin
     ids = s.prompt_ids(PROMPTS[0], s.options())
     ar = s.generate_ids(ids, max_new_tokens=500, mode="ar").tokens
     assert s.generate_ids(ids, max_new_tokens=500, mode="model", tree="16:6:4").tokens == ar
+
+
+def test_tree_floors_verify_and_extend_only_likely_branches(session):
+    """KEEP leaves out the drafter tokens whose branch is unlikely (a step with none left is a plain step) and
+    EXPAND the drafter calls that would extend unlikely branches; the output stays the target's own."""
+    ar = ar_tokens(session)
+    drafter = session.pieces.drafter
+    real_run = drafter.run
+    calls = Counter()
+
+    def counting_run(x, start, keep=1, tree=None):
+        calls["extend" if tree is not None else "catch_up"] += 1
+        return real_run(x, start, keep, tree)
+
+    def run(tree: str) -> Counter:
+        calls.clear()
+        total = Counter()
+        for prompt in PROMPTS:
+            out = session.generate(prompt, max_new_tokens=NEW_TOKENS, mode="model", tree=tree)
+            assert out.tokens == ar[prompt], (tree, prompt)
+            total.update(steps=out.stats.steps, drafted=out.stats.drafted)
+        return total + calls
+
+    drafter.run = counting_run
+    try:  # the tiny random drafter is unsure: a tenth of its candidates reach 1%, a hundredth 10%
+        free, kept, gated = run("6:3:2:0"), run("6:3:2:0:0.01"), run("6:3:2:0:0:0.02")
+    finally:
+        drafter.run = real_run
+    assert 0 < kept["drafted"] < free["drafted"] / 2, (kept, free)
+    assert kept["steps"] > free["steps"]  # fewer tokens verified, fewer accepted per step
+    assert 0 < gated["extend"] < free["extend"], (gated, free)  # the third level is never reached here
+
+
+def test_tree_shapes_parse():
+    assert TreeShape.parse("4:3:2:10:0.08:0.3") == TreeShape(4, 3, 2, 10, keep=0.08, expand=0.3)
+    assert TreeShape.parse("8:2:2:0:0.1") == TreeShape(8, 2, 2, 0, keep=0.1)
+    assert TreeShape.parse("32") == TreeShape(32)
 
 
 def test_tree_selection_keeps_branches_whole():
@@ -192,7 +229,8 @@ def test_tree_refusals(session, tiny_bundles):
         assert not TreeMask.supported(deep)  # which is also what keeps auto to chains on such a bundle
     finally:
         deep.input_names = names
-    for bad in ("0", "8:x", "8:2:2:2:2", "-3", "8:2:0", "8:2:2:-1"):
+    for bad in ("0", "8:x", "8:2:2:2:2", "-3", "8:2:0", "8:2:2:-1", "8:2:2:2:0.1:1.0", "8:2:2:2:-0.1",
+                "8:2:2:2:0.1:0.2:0.3", "8:2:2.5"):
         with pytest.raises(SpecExportError, match="is not a tree shape"):
             session.generate("hash table", max_new_tokens=4, mode="model", tree=bad)
 
