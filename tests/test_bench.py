@@ -196,6 +196,10 @@ def test_aggregate_medians_totals_and_flags():
     assert spec["acceptance_rate"] == pytest.approx(13 / 26)
     assert spec["identical_to_ar"] is False and spec["identical_count"] == 2
     assert spec["ratio_to"]["hf"] == pytest.approx(statistics.median([4.0, 2.0, 8.0]))
+    # Spec-Bench's evaluation/speed.py: mean tokens/s over mean tokens/s, 65/3 against 25/3 (AR), 12.5/3 (hf)
+    assert spec["speedup_specbench"] == pytest.approx(65 / 25)
+    assert spec["ratio_to_specbench"]["hf"] == pytest.approx(65 / 12.5)
+    assert ar["speedup_specbench"] == pytest.approx(1.0)
     assert hf["speedup"] == pytest.approx(0.5) and hf["mean_accepted_tokens"] is None
     assert hf["acceptance_rate"] is None and hf["identical_to_ar"] is True
     w = results["specexport-spec"]["categories"]["writing"]
@@ -497,6 +501,8 @@ def test_markdown_tables():
     assert "| category | specexport-ar | specexport-spec | HF transformers |" in md
     assert "| writing |" in md and "| qa |" in md
     assert "## Side by side" in md and "| specexport-spec | 2.00× | 1 | 4.00× |" in md
+    assert "## Side by side, Spec-Bench's way" in md and "| specexport-spec | 2.60× | 1 | 5.20× |" in md
+    assert "2.60× |" in row  # the Spec-Bench speedup column
     assert "outputs differ from specexport AR" in md
     assert "ortgenai-fp32: onnxruntime-genai is not installed" in md
     assert "1.30× the fp32 weights on disk" in md
