@@ -16,6 +16,12 @@ two interpreters (G = .cache/ortgenai/<the fp32 model>, D = .cache/gen):
         --template D/rest/template.npz --out D/magpie --count 1536 --seed 1
     .venv-genai/bin/python recipes/experiments/genai_distill.py generate --genai-model G \
         --prompts D/magpie/prompts.npz --out D/magpie/greedy
+    # requests that quote a document (summarize, extract, rewrite...), the documents being the target's own
+    # training-only responses, then its greedy responses: text that copies from its prompt
+    .venv/bin/python recipes/experiments/genai_distill.py copying --docs D/rest/greedy --docs D/magpie/greedy \
+        --out D/copying --count 1024 --seed 1
+    .venv-genai/bin/python recipes/experiments/genai_distill.py generate --genai-model G \
+        --prompts D/copying/prompts.npz --out D/copying/greedy --tolerance 16
 
 The teacher's labels are recomputed by transformers on whatever sequences come out (train-drafter's
 features), so a filler newline, a sampled token or a numerical difference between GenAI and transformers
@@ -56,6 +62,48 @@ def tokenize(args) -> None:
              eos=np.array(sorted(_eos_ids(model, tokenizer)), np.int32))
     _save_prompts(out / "prompts.npz", ids, [p["id"] for p in prompts], sorted(_eos_ids(model, tokenizer)))
     print(f"{len(ids)} prompts, {sum(map(len, ids))} tokens -> {out / 'prompts.npz'}")
+
+
+# Spec-Bench's copying categories ask this of a passage (summarization, extraction, rag); its questions are
+# never read here
+COPY_REQUESTS = (
+    "Summarize the following text in a few sentences.\n\n{doc}",
+    "{doc}\n\nSummarize the text above.",
+    "Extract the main points of the following text as a bulleted list.\n\n{doc}",
+    "Read the passage and say what it is mainly about, quoting it where you can.\n\nPassage:\n{doc}",
+    "Rewrite the following text, fixing any mistakes and keeping its wording otherwise.\n\n{doc}",
+    "Here is a document:\n{doc}\n\nUsing only the document, list the terms it explains and what it says"
+    " about each.",
+    "Repeat the first paragraph of the following text word for word.\n\n{doc}",
+    "{doc}\n\nBased on the text above, write a short title and a one-paragraph abstract.",
+)
+
+
+def copying(args) -> None:
+    """Requests about a document made of one to three of the target's own training-only responses."""
+    from specexport.exporter import model_source
+    from specexport.exporter.distill_data import _chat_text, _eos_ids, load_records
+    from specexport.exporter.recipe import load_recipe
+
+    src = load_recipe(None)["source"]
+    source = model_source.resolve(model_source.default_model_file(src["package"], src["version"], src["file"]))
+    model, tokenizer = model_source.load_model(source.checkpoint)
+    docs = [tokenizer.decode(tokens[plen:].tolist(), skip_special_tokens=True).strip()
+            for d in args.docs for _, tokens, plen in load_records(d)]
+    docs = [d for d in docs if len(d) > 200]
+    rng = np.random.default_rng(args.seed)
+    ids, names = [], []
+    while len(ids) < args.count:
+        doc = "\n\n".join(docs[i] for i in rng.choice(len(docs), size=int(rng.integers(1, 4)), replace=False))
+        request = COPY_REQUESTS[int(rng.integers(len(COPY_REQUESTS)))].format(doc=doc)
+        prompt = tokenizer(_chat_text(tokenizer, request), add_special_tokens=False)["input_ids"]
+        if len(prompt) <= args.max_prompt_tokens:
+            ids.append(prompt)
+            names.append(f"copy-s{args.seed}-{len(names):05d}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    _save_prompts(out / "prompts.npz", ids, names, sorted(_eos_ids(model, tokenizer)))
+    print(f"{len(ids)} requests, {sum(map(len, ids))} tokens -> {out / 'prompts.npz'}")
 
 
 def _distill_data():
@@ -203,8 +251,14 @@ def main() -> None:
     q.add_argument("--temperature", type=float, default=1.0)
     q.add_argument("--top-p", type=float, default=1.0)
     q.add_argument("--seed", type=int, default=1)
+    c = sub.add_parser("copying")
+    c.add_argument("--docs", action="append", required=True, help="shard directories whose responses are documents")
+    c.add_argument("--out", required=True)
+    c.add_argument("--count", type=int, default=1024)
+    c.add_argument("--max-prompt-tokens", type=int, default=800)
+    c.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
-    {"tokenize": tokenize, "generate": generate, "queries": queries}[args.cmd](args)
+    {"tokenize": tokenize, "generate": generate, "queries": queries, "copying": copying}[args.cmd](args)
 
 
 if __name__ == "__main__":
