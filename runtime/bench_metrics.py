@@ -10,7 +10,7 @@ it, so a report can be set against published Spec-Bench tables; a mean weighs th
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 SCHEMA = "specexport.bench/1"
@@ -99,14 +99,17 @@ class RunResult:
         return len(self.tokens)
 
 
-def _median(values: Iterable[float | None]) -> float | None:
+def _summary(how: Callable[[list[float]], float], values: Iterable[float | None]) -> float | None:
     vals = [v for v in values if v is not None]
-    return statistics.median(vals) if vals else None
+    return how(vals) if vals else None
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    return _summary(statistics.median, values)
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
-    values = [v for v in values if v is not None]
-    return statistics.fmean(values) if values else None
+    return _summary(statistics.fmean, values)
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -202,9 +205,9 @@ def aggregate(records: list[dict], systems: Sequence[str], reference: str = REFE
         for other in systems:
             if other == name:
                 continue
-            pairs = [(r["tokens_per_s"], by_key[(other, r["question_id"])]["tokens_per_s"])
-                     for r in rows if (other, r["question_id"]) in by_key]
-            pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+            others = (by_key.get((other, r["question_id"])) for r in rows)
+            pairs = [(r["tokens_per_s"], o["tokens_per_s"]) for r, o in zip(rows, others, strict=True)
+                     if o is not None and r["tokens_per_s"] is not None and o["tokens_per_s"] is not None]
             if pairs:
                 ratio_to[other] = _median(_ratio(a, b) for a, b in pairs)
                 ratio_to_specbench[other] = _ratio(_mean(a for a, _ in pairs), _mean(b for _, b in pairs))

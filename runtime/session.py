@@ -52,7 +52,7 @@ class Options:
     verify: str = "exact"  # exact | specdec (relaxed, greedy only; runtime/verification.py)
     beta: int | None = None  # specdec: a draft must be in the target's top beta ...
     tau: float | None = None  # ... and within tau nats of the top token's log-probability
-    tree: str | None = None  # token-tree speculation with the drafter: NODES[:DEPTH[:WIDTH[:LOOKUP]]] (runtime/tree.py)
+    tree: str | None = None  # token-tree speculation with the drafter: a TreeShape spec (runtime/tree.py)
 
 
 def _open_pieces(bundle: Bundle, backend: str, providers: list[str] | None,

@@ -102,6 +102,8 @@ class TreeDrafter:
         self.lookup = LookupDrafter(pieces.vocab_size, max_context, shape.lookup)
         self.piece, self.vocab_map, self.shape = pieces.drafter, pieces.drafter_vocab, shape
         self.max_context = max_context
+        # the floors as branch scores (log-probabilities); 0 means no floor
+        self.keep, self.expand = (np.log(p) if p > 0 else -np.inf for p in (shape.keep, shape.expand))
 
     def start(self, prompt: list[int], hidden: np.ndarray | None) -> None:
         self.chain.start(prompt, hidden)
@@ -133,7 +135,7 @@ class TreeDrafter:
             return [history[-1]], [-1]
         cands = self._children(out["logits"][0, -1], -1, 0.0, 1)
         level = list(range(len(cands)))
-        keep, expand = (np.log(p) if p > 0 else -np.inf for p in (self.shape.keep, self.shape.expand))
+        least = max(self.expand, self.keep)  # a leaf below either floor adds nothing to the tree
         slot = pos + 1
         for depth in range(2, self.shape.depth + 1):
             if slot + self.shape.width > max_context:  # the drafter's cache ends here
@@ -142,7 +144,7 @@ class TreeDrafter:
             # cannot lead into the tree: expanding it would be a wasted drafter call
             floor = sorted((c.score for c in cands), reverse=True)[nodes - 1] if len(cands) >= nodes else -np.inf
             frontier = [i for i in sorted(level, key=lambda i: -cands[i].score)[: self.shape.width]
-                        if cands[i].score >= max(floor, expand, keep)]
+                        if cands[i].score >= max(floor, least)]
             if not frontier:
                 break
             visible = np.zeros((len(frontier), slot + len(frontier) - pos), dtype=bool)
@@ -161,8 +163,8 @@ class TreeDrafter:
                 kids = self._children(out["logits"][0, row], i, cands[i].score, depth)
                 level.extend(range(len(cands), len(cands) + len(kids)))
                 cands.extend(kids)
-        # a child is never likelier than its parent, so the likely enough candidates hang together
-        tokens, parents = select(cands, min(nodes, sum(c.score >= keep for c in cands)))
+        # the likely enough candidates hang together too, children never being likelier than parents
+        tokens, parents = select(cands, min(nodes, sum(c.score >= self.keep for c in cands)))
         tokens[0] = history[-1]
         n, end = self.lookup.match(history) if self.shape.lookup else (0, -1)
         if n:
