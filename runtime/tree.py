@@ -102,8 +102,10 @@ class TreeDrafter:
         self.lookup = LookupDrafter(pieces.vocab_size, max_context, shape.lookup)
         self.piece, self.vocab_map, self.shape = pieces.drafter, pieces.drafter_vocab, shape
         self.max_context = max_context
-        # the floors as branch scores (log-probabilities); 0 means no floor
-        self.keep, self.expand = (np.log(p) if p > 0 else -np.inf for p in (shape.keep, shape.expand))
+        # the floors as branch scores (log-probabilities); 0 means no floor. A leaf below either floor adds
+        # nothing to the tree, so only leaves at or above both are extended.
+        self.keep, expand = (np.log(p) if p > 0 else -np.inf for p in (shape.keep, shape.expand))
+        self.extend_floor = max(self.keep, expand)
 
     def start(self, prompt: list[int], hidden: np.ndarray | None) -> None:
         self.chain.start(prompt, hidden)
@@ -135,7 +137,6 @@ class TreeDrafter:
             return [history[-1]], [-1]
         cands = self._children(out["logits"][0, -1], -1, 0.0, 1)
         level = list(range(len(cands)))
-        least = max(self.expand, self.keep)  # a leaf below either floor adds nothing to the tree
         slot = pos + 1
         for depth in range(2, self.shape.depth + 1):
             if slot + self.shape.width > max_context:  # the drafter's cache ends here
@@ -143,8 +144,9 @@ class TreeDrafter:
             # a child is never likelier than its parent, so a leaf below the nodes-th likeliest score so far
             # cannot lead into the tree: expanding it would be a wasted drafter call
             floor = sorted((c.score for c in cands), reverse=True)[nodes - 1] if len(cands) >= nodes else -np.inf
+            bound = max(floor, self.extend_floor)
             frontier = [i for i in sorted(level, key=lambda i: -cands[i].score)[: self.shape.width]
-                        if cands[i].score >= max(floor, least)]
+                        if cands[i].score >= bound]
             if not frontier:
                 break
             visible = np.zeros((len(frontier), slot + len(frontier) - pos), dtype=bool)

@@ -43,14 +43,21 @@ SHARD = 256
 BATCH = 32  # onnxruntime-genai's batch limit for this model
 
 
-def tokenize(args) -> None:
+def _default_target():
+    """(model, tokenizer) of the default recipe's target, as `specexport build` finds it."""
     from specexport.exporter import model_source
-    from specexport.exporter.distill_data import _chat_text, _eos_ids, read_prompts
-    from specexport.exporter.recipe import load_recipe, recipes_dir
+    from specexport.exporter.recipe import load_recipe
 
     src = load_recipe(None)["source"]
     source = model_source.resolve(model_source.default_model_file(src["package"], src["version"], src["file"]))
-    model, tokenizer = model_source.load_model(source.checkpoint)
+    return model_source.load_model(source.checkpoint)
+
+
+def tokenize(args) -> None:
+    from specexport.exporter.distill_data import _chat_text, _eos_ids, read_prompts
+    from specexport.exporter.recipe import recipes_dir
+
+    model, tokenizer = _default_target()
     prompts = read_prompts(recipes_dir() / "data" / "train_prompts.jsonl")[args.start:args.stop]
     ids = [tokenizer(_chat_text(tokenizer, p["prompt"]), add_special_tokens=False)["input_ids"] for p in prompts]
     out = Path(args.out)
@@ -81,13 +88,9 @@ COPY_REQUESTS = (
 
 def copying(args) -> None:
     """Requests about a document made of one to three of the target's own training-only responses."""
-    from specexport.exporter import model_source
     from specexport.exporter.distill_data import _chat_text, _eos_ids, load_records
-    from specexport.exporter.recipe import load_recipe
 
-    src = load_recipe(None)["source"]
-    source = model_source.resolve(model_source.default_model_file(src["package"], src["version"], src["file"]))
-    model, tokenizer = model_source.load_model(source.checkpoint)
+    model, tokenizer = _default_target()
     docs = [tokenizer.decode(tokens[plen:].tolist(), skip_special_tokens=True).strip()
             for d in args.docs for _, tokens, plen in load_records(d)]
     docs = [d for d in docs if len(d) > 200]
