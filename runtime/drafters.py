@@ -323,8 +323,8 @@ class HierDrafter:
 
 @dataclass
 class Estimate:
-    """Running averages of one choice's steps: tokens made per step (the target's own included) and
-    seconds per step (drafting + verification), so tokens per second = tokens / seconds."""
+    """Running averages of one choice's steps in one context: tokens made per step (the target's own
+    included) and seconds per step (drafting + verification), so tokens per second = tokens / seconds."""
 
     tokens: float = 0.0
     seconds: float = 0.0
@@ -347,70 +347,101 @@ class Estimate:
 
 PLAIN = "ar"  # the choice of drafting nothing: a plain target step
 COPY_RUN = 8  # tokens of agreement with an earlier occurrence from which auto treats a match as a copy
+NO_MATCH = 0  # the context of a step where prompt lookup has nothing to propose
 
 
-def _drafter(choice: str) -> str:
-    """The drafter behind an auto choice ('lookup:3' -> 'lookup')."""
-    return choice.split(":")[0]
+@dataclass
+class AutoMemory:
+    """What auto has learned, kept by the session from one generation to the next: an estimate per
+    (choice, context) and the step count their revisit intervals are measured in. A new request starts
+    from the choices that led before instead of trying every one again, and keeps adapting as it goes."""
+
+    estimates: dict[tuple[str, int], Estimate]
+    step: int = 0
 
 
 class AutoDrafter:
-    """Per step, the choice with the best expected tokens per second among the bundle's drafters, prompt
-    lookup and a plain target step.
+    """Per step, the choice with the best expected tokens per second, among the bundle's drafters, prompt
+    lookup and (unless a token tree is among the drafters) a plain target step.
 
-    Lookup is a candidate only when it has a match of at least `lookup_min_ngram` tokens (it is free, and
-    on prompts the answer repeats, such as summarization or RAG, its matches win); the others always
-    are. Lookup is one choice per length of the copy in progress (`lookup:2`, `lookup:3`, and `lookup:8` for
-    8 or more tokens that agree with the earlier occurrence), because a longer match goes on copying far more
-    often, and one average over all of them mixes spurious 2-token matches with a summary quoting its
-    source (measured: on summarization, the 2- and 3-token choices soured auto on lookup after a few
-    spurious matches while lookup alone ran at 1.9x AR). Each choice
-    keeps running averages of its tokens and seconds per step; a choice not tried yet, or not for its
-    revisit interval, is tried (the text changes, and so do the winners). A retry that still loses
-    doubles that choice's interval, up to `max_revisit`, so a clear loser costs a few steps per
-    generation rather than one in every `revisit`; winning resets it. Every wrapped drafter's `advance`
-    runs every step, so all stay consistent whichever drafted."""
+    Estimates are kept per context, the length of the copy in progress: no lookup match, a 2- or 3-token
+    match, or 8 and more tokens that agree with the earlier occurrence (`COPY_RUN`). Choices are compared
+    within the step's context only, because every drafter does better while the answer copies its prompt:
+    a long copy's lookup steps measured against the tree's average over all text would win by the text
+    alone. Lookup is a choice only where it has a match (it is free, and on prompts the answer repeats,
+    such as summarization, RAG or translation, its long copies win even against the tree, which grafts the
+    same branch but pays its drafter calls and extra verified tokens).
+
+    The floored token tree (runtime/tree.py) makes the plain-or-speculate call itself, per step, from the
+    drafter's probabilities, so with a tree there is no separate plain choice: a running average of the
+    tree's yield, which swings from 1 to 10 tokens a step, chose plain steps far too often (measured: 918
+    of auto's 2,626 steps on 39 Spec-Bench questions, 0.98x the tree alone).
+
+    A choice not tried yet in the context, or not for its revisit interval, is tried (the text changes, and
+    so do the winners). A retry that still loses doubles that interval, up to `max_revisit`, so a clear
+    loser costs a few steps rather than one in every `revisit`; leading resets it. `memory` carries the
+    estimates between generations (Session keeps one per set of choices). Every wrapped drafter's
+    `advance` runs every step, so all stay consistent whichever drafted."""
 
     name = "auto"
 
     def __init__(self, drafters: list[Drafter], lookup: LookupDrafter, stats: Stats, lookup_min_ngram: int = 2,
-                 revisit: int = 16, max_revisit: int = 128) -> None:
+                 revisit: int = 16, max_revisit: int = 128, memory: AutoMemory | None = None) -> None:
         self.drafters = {d.name: d for d in [*drafters, lookup]}
         self.lookup, self.lookup_min_ngram = lookup, lookup_min_ngram
         self.revisit, self.max_revisit = revisit, max_revisit
-        self.lookup_lengths = (*range(lookup_min_ngram, lookup.max_ngram + 1), COPY_RUN)
-        lookups = [f"{lookup.name}:{n}" for n in self.lookup_lengths]
-        choices = [*(d.name for d in drafters), *lookups, PLAIN]
-        self.estimates = {name: Estimate(revisit=revisit) for name in choices}
-        self.steps = stats.extra.setdefault("auto_steps", dict.fromkeys([*self.drafters, PLAIN], 0))
-        self.step = 0
-        self.choice: str | None = None  # None: the loop skipped propose (no budget this step)
+        self.contexts = (NO_MATCH, *range(lookup_min_ngram, lookup.max_ngram + 1), COPY_RUN)
+        self.always = [d.name for d in drafters] + ([] if "tree" in self.drafters else [PLAIN])
+        self.memory = memory if memory is not None else AutoMemory({})
+        self.steps = stats.extra.setdefault("auto_steps", dict.fromkeys([*self.drafters, *self.always], 0))
+        self.choice: tuple[str, int] | None = None  # None: the loop skipped propose (no budget this step)
         self.retry = False
 
     def start(self, prompt: list[int], hidden: np.ndarray) -> None:
         for d in self.drafters.values():
             d.start(prompt, hidden)
 
-    def pick(self, history: list[int]) -> str:
-        names = [n for n in self.estimates if _drafter(n) != self.lookup.name]
+    @property
+    def step(self) -> int:
+        return self.memory.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.memory.step = value
+
+    def estimate(self, choice: str, context: int) -> Estimate:
+        key = (choice, context)
+        if key not in self.memory.estimates:
+            self.memory.estimates[key] = Estimate(revisit=self.revisit)
+        return self.memory.estimates[key]
+
+    def context(self, history: list[int]) -> int:
+        """The step's context: NO_MATCH, or the length of the copy in progress (2, 3, ... or COPY_RUN)."""
         n, end = self.lookup.match(history)
-        if n >= self.lookup_min_ngram:
-            run = self.lookup.agreement(history, end, COPY_RUN)
-            names.append(f"{self.lookup.name}:{max(k for k in self.lookup_lengths if k <= run)}")
-        stale = [n for n in names if self.estimates[n].steps == 0
-                 or self.step - self.estimates[n].last_step > self.estimates[n].revisit]
+        if n < self.lookup_min_ngram:
+            return NO_MATCH
+        run = self.lookup.agreement(history, end, COPY_RUN)
+        return max(k for k in self.contexts if k <= run)
+
+    def pick(self, history: list[int]) -> tuple[str, int]:
+        context = self.context(history)
+        names = [*self.always, *([self.lookup.name] if context != NO_MATCH else [])]
+        ests = {n: self.estimate(n, context) for n in names}
+        stale = [n for n in names if ests[n].steps == 0 or self.step - ests[n].last_step > ests[n].revisit]
         self.retry = bool(stale)
         if stale:  # untried ones first, then the longest unused
-            return min(stale, key=lambda n: (self.estimates[n].steps > 0, self.estimates[n].last_step))
-        return max(names, key=lambda n: self.estimates[n].rate)
+            return min(stale, key=lambda n: (ests[n].steps > 0, ests[n].last_step)), context
+        return max(names, key=lambda n: ests[n].rate), context
 
-    def record(self, choice: str, tokens: int, seconds: float, retry: bool = False) -> None:
-        """One step of `choice` (`retry`: picked because it was stale, not because it led): update its
-        running averages and its revisit interval."""
-        est = self.estimates[choice]
+    def record(self, choice: tuple[str, int], tokens: int, seconds: float, retry: bool = False) -> None:
+        """One step of `choice`, a (choice, context) pair (`retry`: picked because it was stale, not because
+        it led): update its running averages and its revisit interval."""
+        name, context = choice
+        est = self.estimate(name, context)
         est.update(tokens, seconds, self.step)
-        self.steps[_drafter(choice)] += 1
-        if est.rate >= max(e.rate for e in self.estimates.values() if e.steps):
+        self.steps[name] += 1
+        rivals = [e for (_, c), e in self.memory.estimates.items() if c == context and e.steps]
+        if est.rate >= max(e.rate for e in rivals):
             est.revisit = self.revisit
         elif retry:
             est.revisit = min(2 * est.revisit, self.max_revisit)
@@ -419,8 +450,8 @@ class AutoDrafter:
                 rng: np.random.Generator) -> Draft:
         t0 = time.perf_counter()
         self.choice = self.pick(history)
-        draft = Draft([]) if self.choice == PLAIN else \
-            self.drafters[_drafter(self.choice)].propose(history, budget, policy, params, rng)
+        name = self.choice[0]
+        draft = Draft([]) if name == PLAIN else self.drafters[name].propose(history, budget, policy, params, rng)
         self.proposed_at = time.perf_counter()
         self.draft_s = self.proposed_at - t0 - draft.catchup_s
         return draft

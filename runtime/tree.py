@@ -18,6 +18,7 @@ same for 1 or 64 tokens; on a CPU it does not (BENCHMARKS.md), so the node budge
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,19 +109,22 @@ class TreeDrafter:
         self.extend_floor = max(self.keep, expand)
 
     def start(self, prompt: list[int], hidden: np.ndarray | None) -> None:
+        self.drafting = self.drafted_last = False
         self.chain.start(prompt, hidden)
         self.lookup.start(prompt, hidden)
 
     def propose(self, history: list[int], budget: int, policy: DraftPolicy, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
         room = self.max_context - len(history)  # every tree token needs a cache slot
+        self.drafting = True
         tokens, parents = self.grow(history, min(self.shape.nodes, room))
         if len(tokens) == 1:  # nothing likely enough: a plain one-token step
-            return Draft([])
-        return Draft(tokens[1:], parents=parents)
+            return Draft([], catchup_s=self.catchup_s)
+        return Draft(tokens[1:], parents=parents, catchup_s=self.catchup_s)
 
     def advance(self, hidden: np.ndarray, pos: int, final: int) -> None:
-        pass  # the next grow compares the drafter's cache with the history
+        # the next grow compares the drafter's cache with the history
+        self.drafted_last, self.drafting = self.drafting, False
 
     def _children(self, logits: np.ndarray, parent: int, base: float, depth: int) -> list[Node]:
         logp = log_softmax(logits)
@@ -132,7 +136,10 @@ class TreeDrafter:
     def grow(self, history: list[int], nodes: int) -> tuple[list[int], list[int]]:
         """(tokens, parents) of the step's tree in topological order; tokens[0] is history[-1]."""
         pos, max_context = len(history) - 1, self.max_context
+        t0 = time.perf_counter()
         out = self.chain.catch_up(history)
+        # reading what other drafters' steps made (in auto) is not a tree step's cost; reading its own is
+        self.catchup_s = 0.0 if self.drafted_last else time.perf_counter() - t0
         if nodes == 0:
             return [history[-1]], [-1]
         cands = self._children(out["logits"][0, -1], -1, 0.0, 1)

@@ -15,7 +15,7 @@ from scipy import stats as sps
 from specexport.runtime import load
 from specexport.runtime.backend import TreeMask
 from specexport.runtime.cli import main
-from specexport.runtime.drafters import LookupDrafter
+from specexport.runtime.drafters import PLAIN, LookupDrafter
 from specexport.runtime.policies import FixedPolicy
 from specexport.runtime.sampling import SamplingParams
 from specexport.runtime.tree import TreeShape
@@ -95,8 +95,8 @@ def test_greedy_equals_ar(session, mode):
     assert 0 < total["accepted"] < total["drafted"], total
     if mode == "hier":
         assert total["cut"] > 0  # the untrained adapter disputes drafts, so the screen cut some
-    if mode == "auto":  # greedy on a bundle whose pieces take trees: auto's choices include a token tree
-        assert total["lookup"] > 0 and total["self"] + total["model"] > 0 and total["tree"] > 0, total
+    if mode == "auto":  # greedy on a bundle whose pieces take trees: auto weighs the tree against lookup alone
+        assert total["lookup"] > 0 and total["tree"] > 0 and total["self"] + total["model"] + total["ar"] == 0, total
 
 
 @pytest.mark.parametrize("tree", ["1", "4:2:2", "8", "24:6:4:0", "4:3:2:10:0.08:0.3"])
@@ -208,9 +208,9 @@ def test_auto_offers_a_tree_only_where_it_verifies(session):
     def offered(**how) -> set[str]:  # auto counts steps for every choice it has, taken or not
         return set(session.generate("hash table", max_new_tokens=24, mode="auto", **how).stats.extra["auto_steps"])
 
-    assert "tree" in offered()
-    assert "tree" not in offered(temperature=0.8)
-    assert "tree" not in offered(verify="specdec")
+    assert offered() == {"tree", "lookup"}  # the floored tree makes its own plain steps
+    assert offered(temperature=0.8) == {"self", "model", "lookup", "ar"}
+    assert offered(verify="specdec") == {"self", "model", "lookup", "ar"}
 
 
 def test_tree_refusals(session, tiny_bundles):
@@ -276,10 +276,12 @@ def test_lookup_drafts_what_followed_the_latest_match():
     assert [int(np.argmax(q)) for q in draft.qs] == draft.tokens and all(q.sum() == 1 for q in draft.qs)
 
 
-def test_auto_keys_lookup_by_the_copy_in_progress():
-    """A 2- or 3-token match and a long copy are separate choices with separate estimates: auto learns that
-    spurious short matches lose without souring on a summary that is quoting its source."""
-    from specexport.runtime.drafters import COPY_RUN, AutoDrafter
+def test_auto_keys_its_estimates_by_the_copy_in_progress():
+    """No match, a 2- or 3-token match and a long copy are separate contexts, and choices are compared within
+    the step's context: auto learns that spurious short matches lose without souring on a summary that is
+    quoting its source, and a long copy's lookup steps are weighed against the tree's steps in copies, not
+    against its average over all text (which any copying step would beat)."""
+    from specexport.runtime.drafters import COPY_RUN, NO_MATCH, AutoDrafter
     from specexport.runtime.stats import Stats
 
     lookup = LookupDrafter(vocab_size=100, max_context=1000)
@@ -288,15 +290,52 @@ def test_auto_keys_lookup_by_the_copy_in_progress():
     n, end = lookup.match(quoting)
     assert (n, end) == (3, COPY_RUN + 1) and lookup.agreement(quoting, end, 50) == COPY_RUN + 2
     assert lookup.agreement(quoting, end, 4) == 4  # capped
-    auto = AutoDrafter([], lookup, Stats(mode="auto"))
-    for name, seconds in (("lookup:2", 0.015), ("lookup:3", 0.015), ("ar", 0.01)):  # each tried once: one
-        auto.record(name, 1, seconds)  # token per step, the lookups slower for verifying their drafts
-    assert auto.pick(quoting) == f"lookup:{COPY_RUN}"  # untried: tried first, under its own name
-    auto.record(f"lookup:{COPY_RUN}", 11, 0.015)
-    auto.step += 1
-    assert auto.pick([*quoting, source[COPY_RUN + 2]]) == f"lookup:{COPY_RUN}"  # the copy goes on: it leads
     short = [*source, 99, source[0], source[1], 98, source[0], source[1]]  # a 2-token match, no copy
-    assert auto.pick(short) == "ar"  # lookup:2 lost to a plain step; the long copy's lead is not its own
+    fresh = [1, 2, 3, 4]
+    auto = AutoDrafter([], lookup, Stats(mode="auto"))
+    assert [auto.context(h) for h in (fresh, short, quoting)] == [NO_MATCH, 2, COPY_RUN]
+    for choice, seconds in (((PLAIN, 2), 0.01), (("lookup", 2), 0.015), ((PLAIN, COPY_RUN), 0.01)):
+        auto.record(choice, 1, seconds)  # a token per step each, the lookups slower for verifying their drafts
+    assert auto.pick(quoting) == ("lookup", COPY_RUN)  # untried in this context: tried first
+    auto.record(("lookup", COPY_RUN), 11, 0.015)
+    auto.step += 1
+    assert auto.pick([*quoting, source[COPY_RUN + 2]]) == ("lookup", COPY_RUN)  # the copy goes on: it leads
+    assert auto.pick(short) == (PLAIN, 2)  # lookup lost to a plain step here; the long copy's lead is not its own
+
+    class Named:  # the choice only reads a drafter's name
+        name = "tree"
+
+    auto = AutoDrafter([Named()], lookup, Stats(mode="auto"))
+    assert PLAIN not in auto.steps  # the tree makes its own plain steps
+    auto.record(("tree", NO_MATCH), 2, 0.020)  # 100 tokens/s over ordinary text
+    auto.record(("tree", COPY_RUN), 12, 0.020)  # 600 while copying ...
+    auto.record(("lookup", COPY_RUN), 10, 0.018)  # ... where lookup alone makes 556: the tree keeps the copy
+    assert auto.pick(quoting) == ("tree", COPY_RUN) and auto.pick(fresh) == ("tree", NO_MATCH)
+
+
+def test_auto_memory_carries_between_generations():
+    """A session's next request starts from what auto learned in the last one instead of trying every choice
+    again: with the shared memory the first pick is the leader, with a new one it is an untried choice."""
+    from specexport.runtime.drafters import AutoDrafter, AutoMemory
+    from specexport.runtime.stats import Stats
+
+    class Named:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+    def drafter(memory):
+        return AutoDrafter([Named("self"), Named("model")], LookupDrafter(vocab_size=100, max_context=100),
+                           Stats(mode="auto"), memory=memory)
+
+    memory = AutoMemory({})
+    first = drafter(memory)
+    for step, (choice, tokens) in enumerate([("self", 2), ("model", 4), (PLAIN, 1)]):
+        assert first.pick([1, 2, 3])[0] == choice  # untried: each in turn
+        first.record((choice, 0), tokens, 0.01)
+        first.step = step + 1
+    assert drafter(memory).pick([1, 2, 3]) == ("model", 0)
+    assert drafter(AutoMemory({})).pick([1, 2, 3]) == ("self", 0)
+    assert memory.step == 3  # revisit intervals run on across generations
 
 
 def test_model_and_hier_on_the_standard_flavour(drafter_bundle):
@@ -474,9 +513,9 @@ def _simulate_auto(costs_at, steps: int, max_revisit: int = 128) -> list[str]:
                        Stats(mode="auto"), max_revisit=max_revisit)
     history, picks = [0, 1], []
     for step in range(steps):
-        choice = auto.pick(history)  # the history never repeats: lookup is never a candidate
+        choice, context = auto.pick(history)  # the history never repeats: lookup is never a candidate
         tokens, seconds = costs_at(step)[choice]
-        auto.record(choice, tokens, seconds, auto.retry)
+        auto.record((choice, context), tokens, seconds, auto.retry)
         auto.step += 1
         history.append(len(history))
         picks.append(choice)
