@@ -212,8 +212,8 @@ def generate_mode(mode: str | None, drafter: str | None, hierarchy: str | None) 
 @click.option("--mode", type=click.Choice(MODES), default=None,
               help="ar: autoregressive; self: Kangaroo self-speculative (shallow + adapter draft, deep verifies);"
               " model: the bundle's drafter piece drafts; lookup: prompt lookup (copies earlier text); hier: the"
-              " drafter drafts, the self-draft screens; auto (default): per step, whichever of the bundle's"
-              " drafters and lookup promises the most tokens/s.")
+              " drafter drafts, the self-draft screens; auto (default): per step, whichever promises the most"
+              " tokens/s: the drafter's token tree or lookup when greedy, else the bundle's drafters and lookup.")
 @click.option("--temperature", type=float, default=None, help="0 = greedy (default).")
 @click.option("--top-k", type=int, default=None, help="Sample from the k most likely tokens (0 = all).")
 @click.option("--top-p", type=float, default=None, help="Nucleus sampling mass (1.0 = off).")
