@@ -91,15 +91,14 @@ class TreeDrafter:
     it as one more branch when the text so far repeats (a small drafter misses copies of the prompt,
     which lookup gets right at no cost but their verification). The drafter's cache holds the history
     through history[-1] (ModelDrafter's bookkeeping does the catching up) and, past it, the expanded
-    tokens of the current tree, which the next step overwrites. Beside a chain-drafting ModelDrafter of
-    the same piece (in auto), pass it as `chain` so both track one cache. A tree's size is its shape's,
+    tokens of the current tree, which the next step overwrites. A tree's size is its shape's,
     not the draft-length policy's: the policy only decides whether to draft at all. Greedy decoding
     only: the session refuses --tree otherwise, and auto offers a tree only then."""
 
     name = "tree"
 
-    def __init__(self, pieces: Pieces, shape: TreeShape, max_context: int, chain: ModelDrafter | None = None) -> None:
-        self.chain = chain or ModelDrafter(pieces)
+    def __init__(self, pieces: Pieces, shape: TreeShape, max_context: int) -> None:
+        self.chain = ModelDrafter(pieces)
         self.lookup = LookupDrafter(pieces.vocab_size, max_context, shape.lookup)
         self.piece, self.vocab_map, self.shape = pieces.drafter, pieces.drafter_vocab, shape
         self.max_context = max_context
@@ -116,11 +115,15 @@ class TreeDrafter:
     def propose(self, history: list[int], budget: int, policy: DraftPolicy, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
         room = self.max_context - len(history)  # every tree token needs a cache slot
+        t0 = time.perf_counter()
+        out = self.chain.catch_up(history)
+        # reading what other drafters' steps made (in auto) is not a tree step's cost; reading its own is
+        catchup = 0.0 if self.drafted_last else time.perf_counter() - t0
         self.drafting = True
-        tokens, parents = self.grow(history, min(self.shape.nodes, room))
+        tokens, parents = self.grow(history, out, min(self.shape.nodes, room))
         if len(tokens) == 1:  # nothing likely enough: a plain one-token step
-            return Draft([], catchup_s=self.catchup_s)
-        return Draft(tokens[1:], parents=parents, catchup_s=self.catchup_s)
+            return Draft([], catchup_s=catchup)
+        return Draft(tokens[1:], parents=parents, catchup_s=catchup)
 
     def advance(self, hidden: np.ndarray, pos: int, final: int) -> None:
         # the next grow compares the drafter's cache with the history
@@ -133,13 +136,10 @@ class TreeDrafter:
         ids = self.vocab_map[top] if self.vocab_map is not None else top
         return [Node(int(t), parent, base + float(logp[i]), depth) for t, i in zip(ids, top, strict=True)]
 
-    def grow(self, history: list[int], nodes: int) -> tuple[list[int], list[int]]:
-        """(tokens, parents) of the step's tree in topological order; tokens[0] is history[-1]."""
+    def grow(self, history: list[int], out: dict[str, np.ndarray], nodes: int) -> tuple[list[int], list[int]]:
+        """(tokens, parents) of the step's tree in topological order; tokens[0] is history[-1]. `out` is the
+        drafter's output at history[-1], its cache holding the history through it."""
         pos, max_context = len(history) - 1, self.max_context
-        t0 = time.perf_counter()
-        out = self.chain.catch_up(history)
-        # reading what other drafters' steps made (in auto) is not a tree step's cost; reading its own is
-        self.catchup_s = 0.0 if self.drafted_last else time.perf_counter() - t0
         if nodes == 0:
             return [history[-1]], [-1]
         cands = self._children(out["logits"][0, -1], -1, 0.0, 1)
