@@ -3,10 +3,11 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 BUNDLE ?= bundles/smollm2
+BUNDLE_INT4 ?= bundles/smollm2-int4
 PROMPT ?= Explain how a hash table works.
 export SPECEXPORT_CACHE ?= $(CURDIR)/.cache
 
-.PHONY: setup demo test lint bench bench-env bench-bar clean
+.PHONY: setup demo test lint bench bench-int4 bench-env bench-bar clean
 
 $(BIN)/specexport: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -60,6 +61,15 @@ bench-env: setup $(VENV_GENAI)/.installed $(VENV)/.bench-chart
 bench: bench-env $(BUNDLE)/manifest.json
 	$(BIN)/specexport bench --bundle $(BUNDLE) --out reports/$(notdir $(BUNDLE)) \
 		--genai-python $(VENV_GENAI)/bin/python --tree $(BENCH_TREES) $(BENCH_ARGS)
+
+$(BUNDLE_INT4)/manifest.json: | setup
+	$(BIN)/specexport build --precision int4 --out $(BUNDLE_INT4)
+
+# `make bench` at int4: the int4 bundle (MatMulNBits weights) beside ONNX Runtime GenAI's own int4 export, the same
+# questions and trees; AR of the int4 bundle is the reference every mode must match token for token
+bench-int4: bench-env $(BUNDLE_INT4)/manifest.json
+	$(BIN)/specexport bench --bundle $(BUNDLE_INT4) --out reports/$(notdir $(BUNDLE_INT4)) \
+		--genai-python $(VENV_GENAI)/bin/python --baselines ortgenai-int4 --tree $(BENCH_TREES) $(BENCH_ARGS)
 
 # The 1.2x bar (README, "The 1.2x bar"): 39 questions, three rounds each, the best combinations beside
 # self · sequential · confidence; report.md's side-by-side tables give the ratios (no peers, ~15 minutes).
