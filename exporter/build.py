@@ -11,7 +11,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..runtime.errors import SpecExportError
-from . import llama_graph, model_source, parity, quantize
+from . import llama_graph, model_source, multirow, parity, quantize
 from .bundle import BundleWriter
 from .chat import render_chat
 from .hf_weights import extract
@@ -190,14 +190,14 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
 
     def quantized(graph, output_path: bool = True) -> tuple:
         """The piece with its weight MatMuls quantized (int8/int4), and the manifest's record of it. Pieces on
-        the output path (shallow, deep) also get one-row attention calls made multi-row, so verifying k
-        tokens at once gives bit for bit what k single steps give (see quantize.multirow_attention)."""
-        if qspec is None:
-            return graph, {}
-        graph, summary = quantize.quantize_model(graph, qspec)
-        if output_path:
-            summary["multirow_attention"] = quantize.multirow_attention(graph)
-        return graph, {"quantization": summary}
+        the output path (shallow, deep) also run every call on at least two rows, in either flavour, so
+        verifying k tokens at once gives bit for bit what k single steps give (exporter/multirow.py)."""
+        info: dict = {}
+        if qspec is not None:
+            graph, info["quantization"] = quantize.quantize_model(graph, qspec)
+        if output_path and multirow.pad_one_row_calls(graph):
+            info["min_rows"] = 2
+        return graph, info
 
     def add_draft_piece(name: str, graph, vocab_map: np.ndarray | None, vocab_file: str, **fields) -> None:
         """A drafting piece (adapter, drafter): its pruned head's ids beside it, quantized like the rest but

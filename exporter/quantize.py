@@ -11,8 +11,7 @@ The embedding Gather stays fp32: a token reads one row, so its size costs disk, 
 The packing is ours (onnxruntime's own `matmul_nbits_quantizer` needs `onnx_ir`, which the exporter
 does not otherwise depend on). `fake_quantize` gives the rounded weights from the codes before they are
 packed, so the parity check compares ONNX Runtime decoding our bytes against PyTorch running those
-weights: a packing error cannot hide on both sides. `multirow_attention` keeps verification bit-exact
-with autoregressive steps under int8 activations (see its docstring).
+weights: a packing error cannot hide on both sides.
 """
 
 from __future__ import annotations
@@ -228,80 +227,6 @@ def quantize_model(model: onnx.ModelProto, spec: QuantSpec) -> tuple[onnx.ModelP
     summary["float_weights"] = sorted(set(kept) | set(gathers))
     summary["note"] = "weight MatMuls only; norms, RoPE tables and the embedding Gather stay fp32"
     return model, summary
-
-
-def multirow_attention(model: onnx.ModelProto) -> int:
-    """Make every GroupQueryAttention of a piece see at least two query rows; returns how many it changed.
-
-    Why: inside GQA, ONNX Runtime's CPU kernel multiplies the attention probabilities by V with MLAS's
-    single-row GEMM when a call has one query, and with the multi-row GEMM otherwise; the two round the
-    last bit differently (measured: calls of 2..8 rows agree bit for bit, 1 row differs by ~1e-7). In fp32
-    that stays ~1e-4 in the logits, but int8 activations (accuracy_level 4) quantize each MatMulNBits input,
-    so such a difference flips rounding steps and grows to logit differences of ~1 after 28 layers: the
-    deep piece verifying k drafts in one call would disagree with k autoregressive one-token calls, and
-    self-speculative output would drift from AR (measured: 7 of 8 prompts differed within 128 tokens).
-
-    A one-row call therefore gets a copy of its row appended, so GQA takes the multi-row path; the copy's
-    output is dropped. Its keys/values land in the cache slot after the call, which the next call writes
-    before anything reads it (attention never reads past a query's own position). With no free slot (the
-    context is full) nothing is appended. Calls of two or more rows are unchanged."""
-    graph = model.graph
-    attention = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
-    inputs = {i.name for i in graph.input}
-    if not attention or not {"past_key.0", "seqlens_k", "total_sequence_length"} <= inputs:
-        return 0
-    primary = next(i.name for i in graph.input if i.name in ("hidden_in", "input_ids"))
-
-    def const(name: str, value, dtype) -> str:
-        graph.initializer.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
-        return name
-
-    def node(op: str, ins: list[str], out: str, **attrs) -> str:
-        prelude.append(helper.make_node(op, ins, [out], name=out, **attrs))
-        return out
-
-    prelude: list[onnx.NodeProto] = []
-    rows = node("Gather", [node("Shape", [primary], "mr_shape"), const("mr_axis1", [1], np.int64)], "mr_rows",
-                axis=0)  # [1] int64: the call's query rows
-    cache = node("Cast", [node("Gather", [node("Shape", ["past_key.0"], "mr_kv_shape"),
-                                          const("mr_axis2", 2, np.int64)], "mr_cache64", axis=0)], "mr_cache", to=6)
-    room = node("Min", [node("Sub", [cache, "total_sequence_length"], "mr_room"), const("mr_one", 1, np.int32)],
-                "mr_room1")
-    single = node("Cast", [node("Equal", [rows, const("mr_one64", [1], np.int64)], "mr_is_single")],
-                  "mr_single", to=6)  # [1] int32: 1 for a one-row call
-    extra = node("Reshape", [node("Mul", [room, single], "mr_extra_v"), const("mr_scalar", [], np.int64)],
-                 "mr_extra")  # int32 scalar: rows appended (0 or 1)
-    total = node("Add", ["total_sequence_length", extra], "mr_total")
-    seqlens = node("Add", ["seqlens_k", extra], "mr_seqlens")
-    start = node("Sub", [rows, node("Cast", [extra], "mr_extra64", to=7)], "mr_start")
-    zero = const("mr_zero", [0], np.int64)
-    # a token tree's inputs grow with the call: the copy takes the next position, and a zero bias row and
-    # column (its output is dropped, and the causal mask hides its key from the real rows)
-    positions = node("Concat", ["position_ids", node("Add", [
-        node("Slice", ["position_ids", start, rows, "mr_axis1"], "mr_pos_last"), const("mr_step", 1, np.int64)],
-        "mr_pos_copy")], "mr_positions", axis=1)
-    extra1 = node("Reshape", ["mr_extra64", const("mr_dim1", [1], np.int64)], "mr_extra1")
-    pads = node("Concat", [const("mr_pads0", [0] * 6, np.int64), extra1, extra1], "mr_pads", axis=0)
-    bias = node("Pad", ["attention_bias", pads], "mr_bias", mode="constant") if "attention_bias" in inputs else ""
-    rewritten: list[onnx.NodeProto] = []
-    for i, gqa in enumerate(graph.node):
-        if gqa.op_type != "GroupQueryAttention":
-            rewritten.append(gqa)
-            continue
-        copy = helper.make_node("Slice", [gqa.input[0], start, rows, "mr_axis1"], [f"mr_copy_{i}"], name=f"mr_copy_{i}")
-        padded = helper.make_node("Concat", [gqa.input[0], f"mr_copy_{i}"], [f"mr_qkv_{i}"], name=f"mr_qkv_{i}",
-                                  axis=1)
-        out = gqa.output[0]
-        gqa.input[0], gqa.input[5], gqa.input[6], gqa.output[0] = f"mr_qkv_{i}", seqlens, total, f"mr_attn_{i}"
-        if len(gqa.input) > 9 and gqa.input[9]:
-            gqa.input[9] = positions
-        if len(gqa.input) > 10 and gqa.input[10]:
-            gqa.input[10] = bias
-        trim = helper.make_node("Slice", [f"mr_attn_{i}", zero, rows, "mr_axis1"], [out], name=f"mr_trim_{i}")
-        rewritten.extend([copy, padded, gqa, trim])
-    del graph.node[:]
-    graph.node.extend(prelude + rewritten)
-    return len(attention)
 
 
 def fake_quantize_torch(module, spec: QuantSpec, skip: tuple = ()) -> None:

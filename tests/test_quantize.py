@@ -17,6 +17,8 @@ from specexport.exporter.build import build_bundle
 from specexport.runtime.errors import SpecExportError
 from specexport.runtime.session import load
 
+from .test_tree_attention import leading_rows_are_ar_bit_for_bit
+
 PROMPTS = ["Explain how a hash table works.", "write a haiku about the sea", "what is seventeen times twenty three"]
 
 
@@ -159,7 +161,7 @@ def test_one_token_calls_equal_rows_of_a_verification_call_bit_for_bit(quantized
     # int8 activations amplify last-bit differences between GQA's one-row and multi-row paths; the
     # exporter keeps every call multi-row, so splitting a call must not change a single bit
     manifest = json.loads((quantized_bundles[precision] / "manifest.json").read_text())
-    assert manifest["pieces"]["deep"]["quantization"]["multirow_attention"] == 2
+    assert manifest["pieces"]["deep"]["min_rows"] == 2 and manifest["pieces"]["shallow"]["min_rows"] == 2
     deep = load(quantized_bundles[precision]).pieces.deep
     rng = np.random.default_rng(1)
     prefix = rng.standard_normal((1, 20, 64)).astype(np.float32)
@@ -179,3 +181,9 @@ def test_one_token_calls_equal_rows_of_a_verification_call_bit_for_bit(quantized
     # the last cache slot has no room for the appended row: the call still runs
     deep.run(rng.standard_normal((1, 255, 64)).astype(np.float32), 0)
     assert np.isfinite(deep.run(h[:, :1], 255)["logits"]).all()
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_a_tree_calls_leading_chain_rows_are_ar_bit_for_bit_when_quantized(quantized_bundles, precision):
+    # the rows `tree.settle` makes final are AR's to the bit; the others sum over masked slots and need not be
+    leading_rows_are_ar_bit_for_bit(load(quantized_bundles[precision]).pieces, 64)
