@@ -37,11 +37,6 @@ class Piece(Protocol):
         but their positions and what they attend to come from the tree."""
         ...
 
-    def keep_slots(self, start: int, slots: list[int]) -> None:
-        """Move the cache entries at `slots` (ascending, each >= start) to start, start+1, ...: after a
-        tree call, the accepted branch becomes the plain sequence later calls attend to."""
-        ...
-
 
 @dataclass(frozen=True)
 class TreeMask:

@@ -15,7 +15,7 @@ so each drafter brings its own state (caches, pending states) up to date whichev
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -34,6 +34,7 @@ class Draft:
     hidden: np.ndarray | None = None  # shallow states of history[-1] + tokens, when the drafter made them
     catchup_s: float = 0.0  # seconds spent reading history the drafter had not seen yet (not a per-step cost)
     parents: list[int] | None = None  # a token tree: each of [history[-1], *tokens]'s parent (runtime/tree.py)
+    ahead: list[int] = field(default_factory=list)  # a tree's branch past its final tokens (tree.settle)
 
 
 class Drafter(Protocol):
@@ -179,11 +180,12 @@ class ModelDrafter:
         self.fed.extend(tokens)
         return out
 
-    def catch_up(self, history: list[int]) -> dict[str, np.ndarray]:
-        """Feed the history the cache lacks, through history[-1]; the outputs hold its next-token logits."""
+    def catch_up(self, history: list[int], final: int | None = None) -> dict[str, np.ndarray]:
+        """Feed the history the cache lacks, through history[-1]; the outputs hold its next-token logits.
+        `final`: how many leading tokens are final, when the rest are not verified yet (all by default)."""
         at = self._cached(history)
         out = self.feed(history[at:], at)
-        self.final = len(history)
+        self.final = len(history) if final is None else final
         return out
 
     def propose(self, history: list[int], budget: int, policy: DraftPolicy, params: SamplingParams,
@@ -241,10 +243,12 @@ class LookupDrafter:
                 self.ends[tuple(history[end - n + 1:end + 1])] = end
         self.indexed = max(self.indexed, upto)
 
-    def match(self, history: list[int]) -> tuple[int, int]:
+    def match(self, history: list[int], final: int | None = None) -> tuple[int, int]:
         """(n, end): the longest n-gram ending the history that occurred before, and where its latest
-        earlier occurrence ends; (0, -1) when there is none."""
-        self._index(history, len(history) - 1)  # not the suffix itself: that occurrence is no evidence
+        earlier occurrence ends; (0, -1) when there is none. Only n-grams within the first `final` tokens
+        (all by default) enter the index, which never forgets: tokens not verified yet stay out of it."""
+        # not the suffix itself: that occurrence is no evidence
+        self._index(history, len(history) - 1 if final is None else min(final, len(history) - 1))
         for n in range(min(self.max_ngram, len(history) - 1), self.min_ngram - 1, -1):
             end = self.ends.get(tuple(history[-n:]))
             if end is not None:

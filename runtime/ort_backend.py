@@ -11,6 +11,7 @@ import onnxruntime as ort
 from .backend import TensorSpec, TreeMask, bias_input, bias_spec, control_feeds
 from .errors import SpecExportError
 
+_AXES = ("batch", "seq", "kept")  # the named axes of a piece's results that a call fixes
 _shared_pool_threads: int | None = None  # size of the process-wide intra-op pool, once enabled
 
 
@@ -80,37 +81,52 @@ class OrtPiece:
             buffers = [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
             self._caches.append((t.name, t.name.replace("past_", "present_", 1), buffers))
             self._arrays.append(arrays)
+        # results go into arrays made for each call, shaped from the manifest's named axes (`seq`: the call's
+        # tokens, `kept`: the logits' rows); reading them back through get_outputs would wrap every cache
+        # too (0.8 ms a `deep` call, measured)
+        self._result_specs = [(t.name, np.dtype(t.dtype), t.shape) for t in self.outputs if t.name in self.result_names]
+        self._shaped = all(isinstance(d, int) or d in _AXES for _, _, shape in self._result_specs for d in shape)
+        if self.kv_mode == "shared":
+            self._bind_caches()  # the same buffers every call: bound once, not 2 x layers binds a call
 
-    def _bind_outputs(self) -> None:
-        # results are rebound every call: ORT would otherwise reuse last call's (differently shaped) output
-        self.binding.clear_binding_outputs()
+    def _bind_caches(self) -> None:
         for past, present, buffers in self._caches:
             self.binding.bind_ortvalue_input(past, buffers[0])
             self.binding.bind_ortvalue_output(present, buffers[-1])
-        for name in self.result_names:
-            self.binding.bind_output(name, "cpu")
+
+    def _bind_results(self, n: int, keep: int) -> dict[str, np.ndarray] | None:
+        """Binds a fresh array to each result (binding a name again replaces its earlier binding, so the
+        caches' stay) and returns them; None when a result's shape is not known before the call (ORT then
+        allocates, and `get_outputs` reads them)."""
+        if not self._shaped:
+            for name in self.result_names:
+                self.binding.bind_output(name, "cpu")
+            return None
+        axes = {"batch": 1, "seq": n, "kept": n if keep <= 0 else min(keep, n)}  # Slice(-keep:) stops at n
+        results = {}
+        for name, dtype, shape in self._result_specs:
+            array = np.empty([axes.get(d, d) for d in shape], dtype=dtype)
+            self.binding.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(array))
+            results[name] = array
+        return results
 
     def run(self, x: np.ndarray, start: int, keep: int = 1, tree: TreeMask | None = None) -> dict[str, np.ndarray]:
         n = x.shape[1]
-        self._bind_outputs()
+        if self.kv_mode == "swap":
+            self._bind_caches()
+        results = self._bind_results(n, keep)
         self.binding.bind_cpu_input(self.primary, x)
         bias = bias_spec(self.bias_input, start, n, self.max_context)
         for name, value in control_feeds(self.input_names, start, n, keep, tree, bias).items():
             self.binding.bind_cpu_input(name, value)
         self.session.run_with_iobinding(self.binding)
-        values = self.binding.get_outputs()
-        # caches are bound first, then results, and get_outputs keeps the binding order
-        results = dict(zip(self.result_names, (v.numpy() for v in values[-len(self.result_names):]),
-                           strict=True))
+        if results is None:
+            values = self.binding.get_outputs()
+            # caches are bound first, then results, and get_outputs keeps the binding order
+            results = dict(zip(self.result_names, (v.numpy() for v in values[-len(self.result_names):]),
+                               strict=True))
         if self.kv_mode == "swap":
             for (_, _, buffers), arrays in zip(self._caches, self._arrays, strict=True):
                 buffers.reverse()
                 arrays.reverse()
         return results
-
-    def keep_slots(self, start: int, slots: list[int]) -> None:
-        if list(slots) == list(range(start, start + len(slots))):
-            return  # the branch already sits where the sequence goes on
-        for arrays in self._arrays:
-            cache = arrays[0]  # the next call's past ([batch, kv_heads, cache_len, head_dim])
-            cache[:, :, start:start + len(slots)] = cache[:, :, slots]

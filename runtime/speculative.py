@@ -7,8 +7,8 @@ call over their shallow states (the self-drafter made them while drafting, so th
 never run twice on a token; for other drafters one shallow call makes them), and keeps the accepted
 prefix plus the target's own next token. Caches are rolled back by moving the position: nothing is
 copied or cleared. A draft may be a token tree (runtime/tree.py, greedy): the same calls then take a
-tree mask, and the target's branch through the tree is what is kept, its cache entries moved into
-sequence.
+tree mask; the target's branch through the tree is final as far as rows computed exactly like AR's
+decide it, and the tree drafter verifies the rest again in the next step (`settle`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from .drafters import Draft, Drafter
 from .policies import DraftPolicy
 from .sampling import SamplingParams, pick, probabilities, sample
 from .stats import Stats
-from .tree import keep_branch
+from .tree import settle
 
 
 def judge(draft: int, q: np.ndarray | None, logits: np.ndarray, params: SamplingParams,
@@ -76,8 +76,8 @@ def speculative(pieces: Pieces, drafter: Drafter, policy: DraftPolicy, prompt: l
         logits = pieces.deep.run(hidden, pos, keep=hidden.shape[1], tree=tree)["logits"][0]
         if tree is None:
             new = accept(draft.tokens, draft.qs, logits, params, rng)
-        else:  # greedy: the target's branch through the tree
-            new, hidden = keep_branch(pieces, draft, logits, hidden, pos)
+        else:  # greedy: the target's branch through the tree, as far as rows computed as AR's decide it
+            new = settle(draft, logits)
         t2 = time.perf_counter()
         drafter.advance(hidden, pos, len(new))
         policy.observe(len(draft.tokens), len(new) - 1, t1 - t0, t2 - t1)

@@ -9,8 +9,10 @@ probability of the whole branch) go through the drafter in one call with a tree 
 never likelier than its parent, so they hang together). Two floors on the drafter's probability of a
 branch can shrink that: KEEP, below which a token is not verified, and EXPAND, below which a branch is
 not extended; a step where nothing is likely enough is a plain one-token step. shallow and deep then
-read the whole tree in one call each, the target's greedy token is followed down from the root, and the
-caches keep that branch.
+read the whole tree in one call each and the target's greedy token is followed down from the root.
+Only rows laid out as a sequence are computed bit for bit as AR computes them, so the branch is final
+only that far; the rest leads the next step's tree as a chain, its trunk, and is verified again there
+(`settle`).
 Prompt lookup's continuation joins the tree as one more branch when the text so far repeats.
 Greedy only: the output is exactly the target's greedy output. On a GPU a verify call costs about the
 same for 1 or 64 tokens; on a CPU it does not (BENCHMARKS.md), so the node budget matters there.
@@ -109,24 +111,36 @@ class TreeDrafter:
 
     def start(self, prompt: list[int], hidden: np.ndarray | None) -> None:
         self.drafting = self.drafted_last = False
+        self.draft: Draft | None = None
+        self.trunk: list[int] = []  # the last tree's `ahead`, for the step at position trunk_at
+        self.trunk_at = -1
         self.chain.start(prompt, hidden)
         self.lookup.start(prompt, hidden)
 
     def propose(self, history: list[int], budget: int, policy: DraftPolicy, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
-        room = self.max_context - len(history)  # every tree token needs a cache slot
+        # what the last tree's target rows chose beyond the final tokens (`settle`): a chain ahead of the
+        # new tree, verified again in rows computed as AR computes them
+        trunk = self.trunk[: self.max_context - len(history)] if len(history) - 1 == self.trunk_at else []
+        seq = [*history, *trunk]
         t0 = time.perf_counter()
-        out = self.chain.catch_up(history)
+        out = self.chain.catch_up(seq, final=len(history))
         # reading what other drafters' steps made (in auto) is not a tree step's cost; reading its own is
         catchup = 0.0 if self.drafted_last else time.perf_counter() - t0
         self.drafting = True
-        tokens, parents = self.grow(history, out, min(self.shape.nodes, room))
-        if len(tokens) == 1:  # nothing likely enough: a plain one-token step
-            return Draft([], catchup_s=catchup)
-        return Draft(tokens[1:], parents=parents, catchup_s=catchup)
+        tokens, parents = self.grow(seq, out, min(self.shape.nodes, self.max_context - len(seq)), len(history))
+        m = len(trunk)
+        if len(tokens) == 1:  # nothing likely enough: the trunk alone, or a plain one-token step
+            self.draft = Draft(trunk, catchup_s=catchup)
+        else:  # the trunk as a chain from history[-1], the tree hanging from its end
+            self.draft = Draft([*trunk, *tokens[1:]], parents=[-1, *range(m), *(p + m for p in parents[1:])],
+                               catchup_s=catchup)
+        return self.draft
 
     def advance(self, hidden: np.ndarray, pos: int, final: int) -> None:
         # the next grow compares the drafter's cache with the history
+        self.trunk = self.draft.ahead if self.drafting else []
+        self.trunk_at = pos + final
         self.drafted_last, self.drafting = self.drafting, False
 
     def _children(self, logits: np.ndarray, parent: int, base: float, depth: int) -> list[Node]:
@@ -136,9 +150,11 @@ class TreeDrafter:
         ids = self.vocab_map[top] if self.vocab_map is not None else top
         return [Node(int(t), parent, base + float(logp[i]), depth) for t, i in zip(ids, top, strict=True)]
 
-    def grow(self, history: list[int], out: dict[str, np.ndarray], nodes: int) -> tuple[list[int], list[int]]:
+    def grow(self, history: list[int], out: dict[str, np.ndarray], nodes: int, final: int | None = None
+             ) -> tuple[list[int], list[int]]:
         """(tokens, parents) of the step's tree in topological order; tokens[0] is history[-1]. `out` is the
-        drafter's output at history[-1], its cache holding the history through it."""
+        drafter's output at history[-1], its cache holding the history through it. The first `final`
+        tokens of `history` are final (the rest a trunk not verified yet): only they enter lookup's index."""
         pos, max_context = len(history) - 1, self.max_context
         if nodes == 0:
             return [history[-1]], [-1]
@@ -175,7 +191,7 @@ class TreeDrafter:
         # the likely enough candidates hang together too, children never being likelier than parents
         tokens, parents = select(cands, min(nodes, sum(c.score >= self.keep for c in cands)))
         tokens[0] = history[-1]
-        n, end = self.lookup.match(history) if self.shape.lookup else (0, -1)
+        n, end = self.lookup.match(history, final) if self.shape.lookup else (0, -1)
         if n:
             room = max_context - pos - len(tokens)  # every token needs a cache slot
             graft(tokens, parents, history[end + 1:end + 1 + min(self.lookup.max_tokens, room)])
@@ -225,12 +241,25 @@ def walk(tokens: list[int], parents: list[int], logits: np.ndarray) -> tuple[lis
         path.append(nxt)
 
 
-def keep_branch(pieces: Pieces, draft: Draft, logits: np.ndarray, hidden: np.ndarray, pos: int
-                ) -> tuple[list[int], np.ndarray]:
-    """After a tree's verify call at `pos`: the target's branch and its next token, with the caches and the
-    shallow states (`hidden`, one row per tree token) reduced to that branch, in sequence order."""
+def settle(draft: Draft, logits: np.ndarray) -> list[int]:
+    """After a tree's verify call: the target's tokens along its branch, as far as rows computed exactly as
+    AR computes them decide them; the rest of the branch goes in `draft.ahead`.
+
+    A row is computed as AR computes it when its token and every ancestor sit at the slots a sequence
+    would give them, with nothing masked between: the tree's leading chain of slots (the trunk and the
+    first child of its end). Any other row sums over masked slots, so its attention adds the same terms
+    in other places of the kernel's vector lanes; the last bits differ, and with int8 activations
+    (MatMulNBits, accuracy level 4) such a bit can move an argmax after a few layers. Tokens those rows
+    choose are therefore not final: the next tree verifies them again as its trunk, where the cache
+    entries they write are AR's too. So no kept slot is ever moved, and the output is AR's, bit for bit."""
     tokens = [-1, *draft.tokens]
     path, target = walk(tokens, draft.parents, logits)
-    for piece in (pieces.shallow, pieces.deep):
-        piece.keep_slots(pos, [pos + i for i in path])
-    return [*(tokens[i] for i in path[1:]), target], hidden[:, path]
+    chain = 1
+    while chain < len(tokens) and draft.parents[chain] == chain - 1:
+        chain += 1
+    exact = 1  # rows path[:exact] sit in the leading chain
+    while exact < len(path) and path[exact] < chain:
+        exact += 1
+    decided = [*(tokens[i] for i in path[1:]), target]  # decided[i]: the token row path[i] chose
+    draft.ahead = decided[exact:]
+    return decided[:exact]

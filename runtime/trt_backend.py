@@ -361,28 +361,6 @@ class TrtPiece:
             buffers.reverse()
         return results
 
-    def keep_slots(self, start: int, slots: list[int]) -> None:
-        """On the device: each cache is [1, kv_heads, cache_len, head_dim], so one slot of every head is a
-        column of a pitched 2-D copy; runs of consecutive slots go in one copy. Sources never lie below
-        their destinations, so copying in order never overwrites a source still to be read."""
-        kind = self.cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice
-        runs: list[list[int]] = []  # [destination, source, length]
-        for i, slot in enumerate(slots):
-            if slot == start + i:
-                continue
-            if runs and runs[-1][0] + runs[-1][2] == start + i and runs[-1][1] + runs[-1][2] == slot:
-                runs[-1][2] += 1
-            else:
-                runs.append([start + i, slot, 1])
-        for _, _, buffers, shape in self._kv:
-            _, heads, cache_len, head_dim = shape
-            row = head_dim * np.dtype(self._kv_dtype).itemsize
-            for dst, src, length in runs:
-                cuda_check(self.cudart.cudaMemcpy2DAsync(
-                    buffers[0].ptr + dst * row, cache_len * row, buffers[0].ptr + src * row, cache_len * row,
-                    length * row, heads, kind, self.stream), "cudaMemcpy2DAsync")
-        cuda_check(self.cudart.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
-
     def close(self) -> None:
         self.contexts = []
         for buf in self._buffers:

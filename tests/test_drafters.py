@@ -109,9 +109,11 @@ def test_tree_greedy_equals_ar(session, tree):
         assert out.stats.mode == f"model-tree{tree}" and not out.lossy
         total.update(steps=out.stats.steps, drafted=out.stats.drafted, accepted=out.stats.accepted)
     assert 0 < total["accepted"] < total["drafted"], total
-    # the prefill drafts nothing; a step drafts the shape's nodes and at most a lookup branch besides
+    # the prefill drafts nothing; a step drafts the shape's nodes and at most a lookup branch besides, after
+    # a trunk of what the last tree's inexact rows chose: at most its deepest branch and the target's token
     shape = TreeShape.parse(tree)
-    assert total["drafted"] <= (total["steps"] - len(PROMPTS)) * (shape.nodes + shape.lookup)
+    trunk = max(shape.depth, shape.lookup) + 1
+    assert total["drafted"] <= (total["steps"] - len(PROMPTS)) * (shape.nodes + shape.lookup + trunk)
 
 
 def test_tree_keeps_more_than_a_chain_of_the_same_drafter(session):
@@ -191,6 +193,27 @@ def test_tree_selection_keeps_branches_whole():
     logits = np.zeros((6, 20))
     logits[0, 10] = logits[1, 12] = logits[3, 19] = 1.0  # root -> a -> c, then the target wants 19
     assert walk(tokens, parents, logits) == ([0, 1, 3], 19)
+
+
+def test_settle_makes_final_only_what_rows_laid_out_as_a_sequence_decide():
+    from specexport.runtime.drafters import Draft
+    from specexport.runtime.tree import settle
+
+    # slots: root 0, a 1 (child of root), b 2 (root), c 3 (under b), d 4 (under c); the leading chain of
+    # slots is 0-1, so rows 0 and 1 are AR's arithmetic and rows 2-4 are not
+    draft = Draft([10, 11, 12, 13], parents=[-1, 0, 0, 2, 3])
+    logits = np.zeros((5, 20))
+    logits[0, 11] = logits[2, 12] = logits[3, 13] = logits[4, 19] = 1.0  # root -> b -> c -> d, then 19
+    assert settle(draft, logits) == [11] and draft.ahead == [12, 13, 19]
+    # along the leading chain everything it decides is final, the token after it included
+    draft = Draft([10, 11, 12, 13], parents=[-1, 0, 1, 2, 0])  # chain 0-1-2-3, then a sibling of 1
+    logits = np.zeros((5, 20))
+    logits[0, 10] = logits[1, 11] = logits[2, 12] = logits[3, 7] = 1.0
+    assert settle(draft, logits) == [10, 11, 12, 7] and draft.ahead == []
+    # the sibling's row decides nothing final beyond its own token
+    logits = np.zeros((5, 20))
+    logits[0, 13] = logits[4, 5] = 1.0
+    assert settle(draft, logits) == [13] and draft.ahead == [5]
 
 
 def test_lookup_branch_is_grafted_sharing_what_the_tree_has():
