@@ -130,10 +130,3 @@ class OrtPiece:
                 buffers.reverse()
                 arrays.reverse()
         return results
-
-    def keep_slots(self, start: int, slots: list[int]) -> None:
-        if list(slots) == list(range(start, start + len(slots))):
-            return  # the branch already sits where the sequence goes on
-        for arrays in self._arrays:
-            cache = arrays[0]  # the next call's past ([batch, kv_heads, cache_len, head_dim])
-            cache[:, :, start:start + len(slots)] = cache[:, :, slots]
