@@ -61,7 +61,9 @@ KEYS = {
                                  " does not expose it",
     "results.*.identical_to_ar": f"true when every output's token ids equal {REFERENCE}'s for the same question"
                                  " (must hold for specexport modes, which are lossless; baselines run other"
-                                 " floating-point arithmetic, so for them it is informative only)",
+                                 " floating-point arithmetic, so for them it is informative only); when a"
+                                 " lossless specexport system is not, `specexport bench` exits with 1 after"
+                                 " writing the report",
     "results.*.identical_count": f"number of questions whose output equals {REFERENCE}'s",
     "results.*.overall.ratio_to": "other system name -> median over questions of this system's"
                                   " tokens_per_s / the other's on the same question",
@@ -219,3 +221,34 @@ def aggregate(records: list[dict], systems: Sequence[str], reference: str = REFE
                 cats[cat] = group_metrics(cat_rows, [x for x in refs if x["category"] == cat])
         results[name] = {"overall": overall, "categories": cats}
     return results
+
+
+def lossless_failures(report: dict) -> dict[str, tuple[int, int]]:
+    """Lossless systems whose output differed from the reference's: name -> (questions that differed,
+    questions run). Lossless: every specexport system (exact verification) unless its description says
+    `lossy: true` (a relaxed rule such as --verify specdec, should bench ever run one); baselines run other
+    arithmetic, so they do not count."""
+    reference = report["settings"]["reference"]
+    failures = {}
+    for name, desc in report["systems"].items():
+        if name == reference or desc.get("kind") != "specexport" or desc.get("lossy"):
+            continue
+        flags = [r["identical_to_ar"] for r in report["records"] if r["system"] == name
+                 and r["identical_to_ar"] is not None]
+        differed = flags.count(False)
+        if differed:
+            failures[name] = (differed, len(flags))
+    return failures
+
+
+def lossless_failure_sentence(report: dict) -> str | None:
+    """One sentence naming each lossless system that was not token-identical to the reference and on how
+    many questions, or None when every one was."""
+    failures = lossless_failures(report)
+    if not failures:
+        return None
+    parts = [f"{name} on {differed} of {total} question{'s' if total != 1 else ''}"
+             for name, (differed, total) in failures.items()]
+    return (f"lossless systems differ from {report['settings']['reference']}'s output: {', '.join(parts)}"
+            " (first_mismatch in report.json says where); the report was written, but the run fails")
+

@@ -71,6 +71,7 @@ def register(main: click.Group) -> None:
         from tqdm import tqdm
 
         from .bench import BenchConfig, run_bench
+        from .bench_metrics import lossless_failure_sentence
         from .bench_report import write_report
 
         out = out or Path("reports") / Path(bundle).resolve().name
@@ -120,3 +121,8 @@ def register(main: click.Group) -> None:
             click.echo(Path(paths["md"]).read_text())
         chart = str(paths["png"]) if isinstance(paths["png"], Path) else f"no chart ({paths['png']})"
         click.echo(f"wrote {paths['json']}, {paths['md']}, {chart} in {report['elapsed_s']:.0f} s", err=True)
+        # a lossless mode that is not token-identical to AR is a bug: the run fails (after the report is
+        # written), so `make bench` or CI cannot pass with a broken mode in a green-looking table
+        broken = lossless_failure_sentence(report)
+        if broken:
+            cli.fail(broken)
