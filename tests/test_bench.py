@@ -31,6 +31,8 @@ from specexport.runtime.bench_metrics import (
     aggregate,
     compare_to_reference,
     first_mismatch,
+    lossless_failure_sentence,
+    lossless_failures,
     make_record,
 )
 from specexport.runtime.bench_questions import Question, cut_text, load_questions, resolve_questions
@@ -479,6 +481,26 @@ def synthetic_report() -> dict:
     }
 
 
+def test_lossless_failures_name_specexport_systems_only():
+    """A specexport system that differs from AR fails the run; a baseline that differs, or one described as
+    lossy, does not."""
+    report = synthetic_report()
+    assert lossless_failures(report) == {"specexport-spec": (1, 3)}
+    sentence = lossless_failure_sentence(report)
+    assert "\n" not in sentence and ". " not in sentence  # one sentence
+    assert "specexport-spec on 1 of 3 questions" in sentence and REFERENCE in sentence
+    for r in report["records"]:
+        if r["system"] == "hf":
+            r["identical_to_ar"] = False
+    report["systems"]["specexport-spec"]["lossy"] = True
+    assert lossless_failures(report) == {} and lossless_failure_sentence(report) is None
+    report["systems"]["specexport-spec"]["lossy"] = False
+    for r in report["records"]:
+        if r["system"] == "specexport-spec":
+            r["identical_to_ar"] = True
+    assert lossless_failure_sentence(report) is None
+
+
 def test_keys_document_every_key_of_the_report():
     report = synthetic_report()
     assert set(report) <= set(KEYS)
@@ -588,6 +610,26 @@ def test_cli_errors_are_one_sentence(tiny_bundles, tmp_path):
 # -- end to end -----------------------------------------------------------------------------------------
 
 
+MISSING = ("is not installed", "does not exist", "is not on this machine", "did not report its packages")
+
+
+def ran_or_told_why(data: dict, name: str, questions: int) -> None:
+    """A peer either ran every question and produced tokens, or was skipped with one sentence naming what is
+    missing here (a package, an interpreter, the checkpoint); not both (a system that stopped early is in
+    both), and not a failure (a failed start or run is a bug, not a missing piece)."""
+    ran, skipped = name in data["results"], name in data["skipped"]
+    assert ran != skipped, (name, data["skipped"].get(name))
+    if skipped:
+        reason = data["skipped"][name]
+        assert "\n" not in reason and "Traceback" not in reason and not reason.startswith("failed"), reason
+        assert any(m in reason for m in MISSING), reason
+        return
+    overall = data["results"][name]["overall"]
+    assert overall["questions"] == questions and overall["new_tokens"] > 0 and overall["tokens_per_s"] > 0, overall
+    records = [r for r in data["records"] if r["system"] == name]
+    assert len(records) == questions and all(r["seconds"] > 0 for r in records)
+
+
 def test_end_to_end_tiny_bundle(tiny_bundles, tmp_path):
     """The whole command on a tiny random model: the bundle's AR and self modes, HF and its prompt lookup
     on the same checkpoint, every output compared with AR's; an ortgenai baseline with no GenAI
@@ -626,10 +668,40 @@ def test_end_to_end_tiny_bundle(tiny_bundles, tmp_path):
     assert spec["overall"]["mean_accepted_tokens"] >= 1.0 and spec["overall"]["acceptance_rate"] is not None
     assert set(spec["categories"]) == {"qa", "rag"}
     for name in ("hf", "hf-lookup"):
-        assert data["results"][name]["overall"]["questions"] == 2
+        ran_or_told_why(data, name, questions=2)
         assert data["results"][name]["overall"]["mean_accepted_tokens"] >= 1.0
+    ran_or_told_why(data, "ortgenai-fp32", questions=2)
     md = (out / "report.md").read_text()
     assert md.count("| qa |") >= 3 and "Lossless check: every speculative output equals" in md
+
+
+def test_a_lossless_mode_that_differs_from_ar_fails_the_run(tiny_bundles, tmp_path, monkeypatch):
+    """The real command on a tiny bundle with one mode broken on purpose (its last token changed): the
+    report is still written, then the run exits 1 with one sentence naming the system and how many
+    questions differed; the intact mode is not named."""
+    bundle = tiny_bundles("ort", 2, adapter="untrained")
+    real = bench_systems.SpecExportSystem.generate
+
+    def generate(self, prompt_ids, max_new_tokens):
+        result = real(self, prompt_ids, max_new_tokens)
+        if self.mode == "lookup" and result.tokens:
+            result.tokens[-1] = (result.tokens[-1] + 1) % 300
+        return result
+
+    monkeypatch.setattr(bench_systems.SpecExportSystem, "generate", generate)
+    out = tmp_path / "report"
+    result = CliRunner().invoke(cli(), [
+        "bench", "--bundle", str(bundle), "--questions", str(write_questions(tmp_path / "q.jsonl")),
+        "--categories", "qa", "--max-new-tokens", "8", "--modes", "self,lookup", "--baselines", "none",
+        "--threads", "1", "--no-warmup", "--no-memory", "--out", str(out)])
+    assert result.exit_code == 1, result.output
+    data = json.loads((out / "report.json").read_text())  # written before the run failed
+    assert data["results"]["specexport-lookup"]["overall"]["identical_count"] == 0
+    assert data["results"]["specexport-self"]["overall"]["identical_to_ar"] is True
+    assert "outputs differ from specexport AR" in (out / "report.md").read_text()
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "specexport-lookup on 2 of 2 questions" in errors[0], result.stderr
+    assert "specexport-self" not in errors[0] and "Traceback" not in result.output
 
 
 def test_genai_baseline_on_the_tiny_checkpoint(genai_python, tiny_checkpoint, tmp_path, monkeypatch):
@@ -672,7 +744,7 @@ def test_end_to_end_default_bundle(default_bundle, tmp_path):
         if data["systems"][name]["kind"] == "specexport":
             assert res["overall"]["identical_to_ar"] is True, name
     for name in ("hf-lookup", "ortgenai-fp32"):
-        assert name in data["results"] or name in data["skipped"]
+        ran_or_told_why(data, name, questions=2)
     mem = data["memory"]
     assert mem["exit_code"] == 0 and mem["peak_rss_bytes"] > 100e6 and mem["weights_fp32_bytes"] > 500e6
     assert "tokens/s per category" in (out / "report.md").read_text()
