@@ -128,6 +128,26 @@ class PieceGraph:
             normed = b.op("Cast", [normed], to=10)
         return b.op("Mul", [normed, w])
 
+    def add_norm(self, x: str, delta: str | None, weight: np.ndarray) -> tuple[str, str]:
+        """(RMSNorm(x + delta), x + delta): a residual add and the norm that reads it. The `ort` flavour fuses
+        them into one SkipSimplifiedLayerNormalization, as ONNX Runtime GenAI's graphs do (one node instead of
+        two, 56 fewer a call in `deep`); the sum it hands on is the same fp32 add. `delta` None: no add."""
+        b = self.b
+        if delta is None:
+            return self.rms_norm(x, weight), x
+        if self.flavour != "ort":
+            h = b.op("Add", [x, delta])
+            return self.rms_norm(h, weight), h
+        w = b.weight(b.fresh("norm_weight"), weight)
+        normed, _, _, h = b.op("SkipSimplifiedLayerNormalization", [delta, x, w], n_out=4, domain=MS_DOMAIN,
+                               epsilon=self.dims.rms_eps)
+        node = b.nodes[-1]
+        node.output[1], node.output[2] = "", ""  # mean and inverse std-dev: not needed
+        return normed, h
+
+    def residual(self, x: str, delta: str | None) -> str:
+        return x if delta is None else self.b.op("Add", [x, delta])
+
     def linear(self, x: str, weight: np.ndarray, bias: np.ndarray | None = None) -> str:
         b = self.b
         y = b.op("MatMul", [x, b.weight(b.fresh("w"), weight.T)])
@@ -228,10 +248,18 @@ class PieceGraph:
         act = b.op("Mul", [gate, b.op("Sigmoid", [gate])])  # SiLU, as two ops every runtime knows
         return self.linear(b.op("Mul", [act, up]), layer.down)
 
-    def decoder_layer(self, x: str, layer: LayerWeights) -> str:
-        b = self.b
-        h = b.op("Add", [x, self.attention(self.rms_norm(x, layer.input_norm), layer.attn)])
-        return b.op("Add", [h, self.mlp(self.rms_norm(h, layer.post_norm), layer)])
+    def decoder_layer(self, x: str, layer: LayerWeights, delta: str | None = None) -> tuple[str, str]:
+        """One decoder layer on the residual stream `x` + `delta` (the previous layer's MLP output, not yet
+        added, so the add fuses with this layer's first norm); returns the new (residual, delta)."""
+        normed, x = self.add_norm(x, delta, layer.input_norm)
+        normed, h = self.add_norm(x, self.attention(normed, layer.attn), layer.post_norm)
+        return h, self.mlp(normed, layer)
+
+    def decoder_layers(self, x: str, layers: list[LayerWeights]) -> tuple[str, str | None]:
+        delta = None
+        for layer in layers:
+            x, delta = self.decoder_layer(x, layer, delta)
+        return x, delta
 
     def lm_head(self, x: str, lm_head: np.ndarray, keep_last: bool) -> str:
         """Logits for the last ``logits_to_keep`` positions: a prefill needs one row, not thousands."""
@@ -256,9 +284,7 @@ def build_shallow(dims: Dims, rope: Rope, embed: np.ndarray, layers: list[LayerW
     b = pg.b
     ids = b.input("input_ids", np.int64, ["batch", "seq"])
     x = b.op("Gather", [b.weight("embed_tokens", embed), ids], axis=0)
-    for layer in layers:
-        x = pg.decoder_layer(x, layer)
-    b.output(x, "hidden", pg.kv_dtype, ["batch", "seq", dims.hidden])
+    b.output(pg.residual(*pg.decoder_layers(x, layers)), "hidden", pg.kv_dtype, ["batch", "seq", dims.hidden])
     return b.model()
 
 
@@ -266,10 +292,8 @@ def build_deep(dims: Dims, rope: Rope, layers: list[LayerWeights], final_norm: n
                lm_head: np.ndarray, flavour: str, float_dtype=np.float32):
     """Decoder layers [l, L) + final norm + LM head; takes the stacked early-exit hidden states."""
     pg = PieceGraph("deep", dims, rope, flavour, float_dtype)
-    x = _hidden_input(pg)
-    for layer in layers:
-        x = pg.decoder_layer(x, layer)
-    logits = pg.lm_head(pg.rms_norm(x, final_norm), lm_head, keep_last=True)
+    x, delta = pg.decoder_layers(_hidden_input(pg), layers)
+    logits = pg.lm_head(pg.add_norm(x, delta, final_norm)[0], lm_head, keep_last=True)
     pg.b.output(logits, "logits", np.float32, ["batch", "kept", dims.vocab])
     return pg.b.model()
 
@@ -300,10 +324,11 @@ def build_adapter(dims: Dims, rope: Rope, adapter: AdapterWeights, lm_head: np.n
     pg = PieceGraph("adapter", dims, rope, flavour, float_dtype)
     b = pg.b
     h = _hidden_input(pg)
-    x = b.op("Add", [h, pg.attention(pg.rms_norm(h, adapter.input_norm), adapter.attn)])
+    x, delta = h, pg.attention(pg.rms_norm(h, adapter.input_norm), adapter.attn)
     if mlp is not None:
-        x = b.op("Add", [x, pg.mlp(pg.rms_norm(x, mlp.post_norm), mlp)])
-    _draft_head(pg, pg.rms_norm(x, adapter.output_norm), lm_head, vocab_map)
+        normed, x = pg.add_norm(x, delta, mlp.post_norm)
+        delta = pg.mlp(normed, mlp)
+    _draft_head(pg, pg.add_norm(x, delta, adapter.output_norm)[0], lm_head, vocab_map)
     return b.model()
 
 
@@ -318,8 +343,6 @@ def build_drafter(dims: Dims, rope: Rope, embed: np.ndarray, layers: list[LayerW
     pg = PieceGraph("drafter", dims, rope, flavour, float_dtype)
     b = pg.b
     ids = b.input("input_ids", np.int64, ["batch", "seq"])
-    x = b.op("Gather", [b.weight("embed_tokens", embed), ids], axis=0)
-    for layer in layers:
-        x = pg.decoder_layer(x, layer)
-    _draft_head(pg, pg.rms_norm(x, final_norm), lm_head, vocab_map)
+    x, delta = pg.decoder_layers(b.op("Gather", [b.weight("embed_tokens", embed), ids], axis=0), layers)
+    _draft_head(pg, pg.add_norm(x, delta, final_norm)[0], lm_head, vocab_map)
     return b.model()
