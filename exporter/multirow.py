@@ -9,10 +9,10 @@ differences of ~1: verifying k drafts in one call would disagree with k one-toke
 speculative mode would drift from AR (measured: 7 of 8 prompts differed within 128 tokens at int8).
 
 So a one-row call gets a copy of its row appended at the piece's input and every op sees two rows; the
-copy is dropped from the outputs. It takes the next position and cache slot, which the next call writes
-before anything reads it (attention never reads past a query's own position); with no free slot (the
-context is full) nothing is appended, and both AR and speculative modes make that same one-row call. The
-LM head likewise always reads at least two rows: `logits_to_keep` is widened inside the graph and the
+copy is dropped from the outputs. In ONNX Runtime's graphs it takes the next position and cache slot,
+which the next call writes before anything reads it (attention never reads past a query's own position);
+with no free slot (the context is full) nothing is appended, and both AR and speculative modes make that
+same one-row call. In the standard graphs it is the same row at the same position and slot. The LM head likewise always reads at least two rows: `logits_to_keep` is widened inside the graph and the
 logits trimmed back.
 """
 
@@ -34,7 +34,12 @@ def pad_one_row_calls(model: onnx.ModelProto) -> bool:
     if primary is None or not {"past_key.0", "position_ids"} <= inputs:
         return False
     ort = "seqlens_k" in inputs  # GroupQueryAttention; else the standard graphs (whole-cache attention)
-    renamed = {name: f"mr_{name}" for name in (primary, *CONTROL) if name in inputs}
+    # In the standard graphs (TensorRT) the copy keeps the row's position and its one-row control inputs,
+    # which broadcast over both rows: it computes the very same keys and values and scatters them to the
+    # same slot. Nothing then depends on an input's values, which TensorRT would have to treat as shape
+    # tensors, and no free slot is needed.
+    padded = (primary, *CONTROL) if ort else (primary, "logits_to_keep")
+    renamed = {name: f"mr_{name}" for name in padded if name in inputs}
     for node in graph.node:  # every consumer reads the padded value
         for k, name in enumerate(node.input):
             if name in renamed:
@@ -52,19 +57,16 @@ def pad_one_row_calls(model: onnx.ModelProto) -> bool:
 
     axis1 = const("mr_axis1", [1], np.int64)
     rows = node("Gather", [node("Shape", [primary], "mr_shape"), axis1], "mr_rows", axis=0)  # [1] int64
-    cache = node("Gather", [node("Shape", ["past_key.0"], "mr_kv_shape"), const("mr_axis2", [2], np.int64)],
-                 "mr_cache", axis=0)  # [1] int64
-    if ort:  # the slots in use after this call
-        used = node("Cast", [node("Reshape", ["total_sequence_length", axis1], "mr_total1")], "mr_used", to=7)
-    else:  # a call's keys take consecutive slots from its first position
-        zero = const("mr_zero", [0], np.int64)
-        first = node("Reshape", [node("Slice", ["position_ids", zero, axis1, axis1], "mr_first2"), axis1],
-                     "mr_first")
-        used = node("Add", [first, rows], "mr_used")
-    room = node("Min", [node("Sub", [cache, used], "mr_room"), const("mr_one", [1], np.int64)], "mr_room1")
     single = node("Cast", [node("Equal", [rows, const("mr_one64", [1], np.int64)], "mr_is_single")],
                   "mr_single", to=7)  # [1] int64: 1 for a one-row call
-    extra64 = node("Mul", [room, single], "mr_extra64")  # [1] int64: rows appended (0 or 1)
+    if ort:  # GQA writes the copy to the next slot: only when there is one
+        used = node("Cast", [node("Reshape", ["total_sequence_length", axis1], "mr_total1")], "mr_used", to=7)
+        cache = node("Gather", [node("Shape", ["past_key.0"], "mr_kv_shape"), const("mr_axis2", [2], np.int64)],
+                     "mr_cache", axis=0)  # [1] int64
+        room = node("Min", [node("Sub", [cache, used], "mr_room"), const("mr_one", [1], np.int64)], "mr_room1")
+        extra64 = node("Mul", [room, single], "mr_extra64")  # [1] int64: rows appended (0 or 1)
+    else:
+        extra64 = single
     start = node("Sub", [rows, extra64], "mr_start")  # the copied rows: [start, rows), empty when extra is 0
 
     def append_copy(name: str, plus: str | None = None) -> None:
@@ -74,18 +76,15 @@ def pad_one_row_calls(model: onnx.ModelProto) -> bool:
         node("Concat", [name, copy], renamed[name], axis=1)
 
     append_copy(primary)
-    append_copy("position_ids", const("mr_step", 1, np.int64))  # the copy takes the next position
     if ort:
+        append_copy("position_ids", const("mr_step", 1, np.int64))  # the copy takes the next position
         extra = node("Cast", [node("Reshape", [extra64, const("mr_scalar", [], np.int64)], "mr_extra_s")],
                      "mr_extra", to=6)  # int32 scalar
         node("Add", ["seqlens_k", extra], renamed["seqlens_k"])
         node("Add", ["total_sequence_length", extra], renamed["total_sequence_length"])
-    if "attention_bias" in renamed:
-        # a zero row for the copy; GQA's bias is as wide as the call's keys, so it also gets a zero column
-        # (the causal mask hides the copy's key from the real rows); the standard graphs' spans the cache
-        column = extra64 if ort else const("mr_no_column", [0], np.int64)
-        pads = node("Concat", [const("mr_pads0", [0] * 6, np.int64), extra64, column], "mr_pads", axis=0)
-        node("Pad", ["attention_bias", pads], renamed["attention_bias"], mode="constant")
+        if "attention_bias" in renamed:  # a zero row and column for the copy (the causal mask hides its key)
+            pads = node("Concat", [const("mr_pads0", [0] * 6, np.int64), extra64, extra64], "mr_pads", axis=0)
+            node("Pad", ["attention_bias", pads], renamed["attention_bias"], mode="constant")
     total_rows = node("Add", [rows, extra64], "mr_total_rows")
     head_rows = None
     if "logits_to_keep" in renamed:  # the LM head reads the kept rows, the copy, and at least two rows
