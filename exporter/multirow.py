@@ -12,8 +12,9 @@ So a one-row call gets a copy of its row appended at the piece's input and every
 copy is dropped from the outputs. In ONNX Runtime's graphs it takes the next position and cache slot,
 which the next call writes before anything reads it (attention never reads past a query's own position);
 with no free slot (the context is full) nothing is appended, and both AR and speculative modes make that
-same one-row call. In the standard graphs it is the same row at the same position and slot. The LM head likewise always reads at least two rows: `logits_to_keep` is widened inside the graph and the
-logits trimmed back.
+same one-row call. In the standard graphs it is the same row at the same position and slot. The LM head
+likewise always reads at least two rows: `logits_to_keep` is widened inside the graph and the logits
+trimmed back.
 """
 
 from __future__ import annotations
