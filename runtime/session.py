@@ -211,13 +211,28 @@ def _lookup(session: Session, opts: Options) -> LookupDrafter:
     return LookupDrafter(session.pieces.vocab_size, session.bundle.max_context, opts.gamma or LOOKUP_MAX_TOKENS)
 
 
+def auto_tree(session: Session) -> TreeShape:
+    """auto's tree for the bundle's precision: the recipe's [speculative.auto_tree] (measured per precision,
+    recipes/smollm2-135m.toml), else AUTO_TREE."""
+    shapes = session.speculative.get("auto_tree", {})
+    precision = session.bundle.manifest.get("graph", {}).get("precision", "fp32")
+    if not isinstance(shapes, dict) or precision not in shapes:
+        return AUTO_TREE
+    try:
+        return TreeShape.parse(shapes[precision])
+    except SpecExportError:
+        raise SpecExportError(f"bundle {session.bundle.root}: speculative.auto_tree.{precision} in its manifest,"
+                              f" {shapes[precision]!r}, is not a tree shape (NODES[:DEPTH[:WIDTH[:LOOKUP[:KEEP"
+                              "[:EXPAND]]]]]); rebuild the bundle or fix the recipe") from None
+
+
 def _auto(session: Session, opts: Options, stats: Stats) -> AutoDrafter:
     p = session.pieces
     greedy = SamplingParams(opts.temperature, opts.top_k, opts.top_p).greedy
     if greedy and opts.verify == "exact" and trees_supported(p):
         # the floored tree against lookup alone: it beat every chain side by side in every run (README), and
         # chains close behind it only cost auto steps spent finding that out again (measured: 0.97x the tree)
-        drafters: list[Drafter] = [TreeDrafter(p, AUTO_TREE, session.bundle.max_context)]
+        drafters: list[Drafter] = [TreeDrafter(p, auto_tree(session), session.bundle.max_context)]
     else:
         drafters = [SelfDrafter(p)] if p.adapter is not None else []
         drafters += [ModelDrafter(p)] if p.drafter is not None else []

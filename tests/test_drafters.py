@@ -565,3 +565,23 @@ def test_auto_follows_a_new_winner_within_the_longest_interval():
     switched = next(i for i in range(100, 400) if picks[i] == "self")
     assert switched <= 100 + 129
     assert Counter(picks[switched + 20:])["self"] >= 0.9 * len(picks[switched + 20:])
+
+
+def test_auto_takes_its_tree_from_the_recipe_for_the_bundles_precision(session):
+    from specexport.runtime.errors import SpecExportError
+    from specexport.runtime.session import auto_tree
+    from specexport.runtime.tree import AUTO_TREE
+
+    saved = session.speculative
+    try:
+        session.speculative = {**saved, "auto_tree": {"int4": "8:4:2"}}
+        assert auto_tree(session) == AUTO_TREE  # this bundle is fp32: the recipe names no tree for it
+        session.speculative = {**saved, "auto_tree": {"fp32": "2:1:2:0"}}
+        assert auto_tree(session) == TreeShape(2, 1, 2, 0)
+        out = session.generate("hash table", max_new_tokens=12, mode="auto")
+        assert out.tokens == session.generate("hash table", max_new_tokens=12, mode="ar").tokens
+        session.speculative = {**saved, "auto_tree": {"fp32": "lots"}}
+        with pytest.raises(SpecExportError, match=r"speculative.auto_tree.fp32 .* is not a tree shape"):
+            session.generate("hash table", max_new_tokens=4, mode="auto")
+    finally:
+        session.speculative = saved
