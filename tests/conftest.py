@@ -97,20 +97,37 @@ def exporter_fingerprint() -> str:
     return digest.hexdigest()[:12]
 
 
-@pytest.fixture(scope="session")
-def default_bundle() -> Path:
-    """The real SmolLM2-135M-Instruct bundle (default recipe), built once per exporter version."""
+REAL_VARIANTS = {  # build_bundle's settings for each cached variant of the real default bundle
+    "fp32": {},
+    "int8": {"precision": "int8"},
+    "int4": {"precision": "int4"},
+    # the fp16 standard-flavour pieces a TensorRT build writes (they also run on ONNX Runtime's CPU provider)
+    "fp16-standard": {"backend": "tensorrt", "target": "orin-nano", "plan_only": True},
+}
+
+
+def real_bundle(variant: str = "fp32") -> Path:
+    """The real SmolLM2-135M-Instruct bundle (default recipe) in one of REAL_VARIANTS, built once per exporter
+    version and cached."""
     import shutil
 
     from specexport.exporter.build import build_bundle
     from specexport.runtime.paths import cache_dir
 
-    out = cache_dir("test-bundles") / f"smollm2-{exporter_fingerprint()}"
+    name = "smollm2" if variant == "fp32" else f"smollm2-{variant}"
+    out = cache_dir("test-bundles") / f"{name}-{exporter_fingerprint()}"
     if not (out / "manifest.json").is_file():
-        for stale in out.parent.glob("smollm2-*"):  # 650 MB each: keep only the current one
-            shutil.rmtree(stale, ignore_errors=True)
+        for stale in out.parent.glob(f"{name}-*"):  # hundreds of MB each: keep only the current one
+            if stale.name[len(name) + 1:].isalnum() and len(stale.name) == len(out.name):
+                shutil.rmtree(stale, ignore_errors=True)
         # named explicitly so that an adapter (or drafter) which no longer matches the model fails here at
         # once, instead of 'auto' quietly self-distilling a new adapter for an hour or dropping the drafter
         build_bundle(out, force=True, adapter=str(REPO / "recipes" / "adapters" / "smollm2-135m-l2"),
-                     drafter=str(REPO / "recipes" / "drafters" / "smollm2-135m-tiny"))
+                     drafter=str(REPO / "recipes" / "drafters" / "smollm2-135m-tiny"), **REAL_VARIANTS[variant])
     return out
+
+
+@pytest.fixture(scope="session")
+def default_bundle() -> Path:
+    """The real SmolLM2-135M-Instruct bundle (default recipe), built once per exporter version."""
+    return real_bundle("fp32")
