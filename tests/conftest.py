@@ -63,6 +63,23 @@ def make_tiny_checkpoint(path: Path, layers: int = 4, seed: int = 0, model_type:
     return path
 
 
+def make_noisy_drafter(checkpoint: Path, out: Path) -> Path:
+    """A drafter that agrees with the target about half the time: the target with 1% weight noise (an
+    independently initialised model never agrees with a random target, so no draft would be accepted)."""
+    import torch
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(checkpoint)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.add_(torch.randn(p.shape, generator=gen) * p.std() * 0.01)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(checkpoint).save_pretrained(out)
+    return out
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory) -> Path:
     return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny-llama"))

@@ -21,6 +21,7 @@ from specexport.runtime.sampling import SamplingParams
 from specexport.runtime.tree import TreeShape
 from specexport.runtime.verification import rank, specdec_verify
 
+from .conftest import make_noisy_drafter
 from .test_speculative_sampling import ALPHA
 
 # the tiny model's greedy text falls into runs of one token after some of these, so lookup has matches
@@ -32,21 +33,7 @@ NEW_TOKENS = 48
 
 @pytest.fixture(scope="module")
 def drafter_checkpoint(tiny_checkpoint, tmp_path_factory) -> Path:
-    """A drafter that agrees with the target about half the time: the target with 1% weight noise (an
-    independently initialised model never agrees with a random target, so no draft would be accepted)."""
-    import torch
-    from transformers import AutoTokenizer, LlamaForCausalLM
-
-    out = tmp_path_factory.mktemp("noisy-drafter")
-    model = LlamaForCausalLM.from_pretrained(tiny_checkpoint)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.add_(torch.randn(p.shape, generator=gen) * p.std() * 0.01)
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(tiny_checkpoint).save_pretrained(out)
-    return out
+    return make_noisy_drafter(tiny_checkpoint, tmp_path_factory.mktemp("noisy-drafter"))
 
 
 @pytest.fixture(scope="module")

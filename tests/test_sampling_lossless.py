@@ -33,6 +33,7 @@ from specexport.runtime.sampling import SamplingParams, probabilities, sample
 from specexport.runtime.speculative import speculative, verify
 from specexport.runtime.stats import Stats
 
+from .conftest import make_noisy_drafter
 from .test_drafters import PrunedHead
 from .test_speculative_sampling import ALPHA
 
@@ -45,19 +46,10 @@ PROMPT = "hash table"
 def bundle(tiny_checkpoint, tmp_path_factory) -> Path:
     """The tiny target with an untrained adapter and a drafter piece that agrees with it about half the
     time (the target with 1% weight noise, as in tests/test_drafters.py)."""
-    import torch
     from specexport.exporter.build import build_bundle
-    from transformers import AutoTokenizer, LlamaForCausalLM
 
     root = tmp_path_factory.mktemp("sampling-lossless")
-    model = LlamaForCausalLM.from_pretrained(tiny_checkpoint)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.add_(torch.randn(p.shape, generator=gen) * p.std() * 0.01)
-    model.save_pretrained(root / "drafter")
-    AutoTokenizer.from_pretrained(tiny_checkpoint).save_pretrained(root / "drafter")
+    make_noisy_drafter(tiny_checkpoint, root / "drafter")
     build_bundle(root / "b", model=str(tiny_checkpoint), drafter=str(root / "drafter"), adapter="untrained",
                  exit_layer=2, context=256)
     return root / "b"
