@@ -111,9 +111,8 @@ class TreeDrafter:
 
     def start(self, prompt: list[int], hidden: np.ndarray | None) -> None:
         self.drafting = self.drafted_last = False
-        self.draft: Draft | None = None
-        self.trunk: list[int] = []  # the last tree's `ahead`, for the step at position trunk_at
-        self.trunk_at = -1
+        self.draft = Draft([])
+        self.trunk_at = -1  # the position of the step the last draft's `ahead` is a trunk for
         self.chain.start(prompt, hidden)
         self.lookup.start(prompt, hidden)
 
@@ -121,7 +120,7 @@ class TreeDrafter:
                 rng: np.random.Generator) -> Draft:
         # what the last tree's target rows chose beyond the final tokens (`settle`): a chain ahead of the
         # new tree, verified again in rows computed as AR computes them
-        trunk = self.trunk[: self.max_context - len(history)] if len(history) - 1 == self.trunk_at else []
+        trunk = self.draft.ahead[: self.max_context - len(history)] if len(history) - 1 == self.trunk_at else []
         seq = [*history, *trunk]
         t0 = time.perf_counter()
         out = self.chain.catch_up(seq, final=len(history))
@@ -139,8 +138,7 @@ class TreeDrafter:
 
     def advance(self, hidden: np.ndarray, pos: int, final: int) -> None:
         # the next grow compares the drafter's cache with the history
-        self.trunk = self.draft.ahead if self.drafting else []
-        self.trunk_at = pos + final
+        self.trunk_at = pos + final if self.drafting else -1
         self.drafted_last, self.drafting = self.drafting, False
 
     def _children(self, logits: np.ndarray, parent: int, base: float, depth: int) -> list[Node]:
