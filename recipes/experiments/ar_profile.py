@@ -60,20 +60,16 @@ def ours(bundles: list[str], tokens: int, rounds: int, threads: int | None) -> N
                 piece = getattr(pieces, name)
                 run, ort_run = piece.run, piece.session.run_with_iobinding
 
-                def timed_run(*a, _run=run, _name=name, _timers=timers, **k):
-                    t, c = time.perf_counter(), time.thread_time()
-                    out = _run(*a, **k)
-                    _timers[f"{_name} run()"] += time.perf_counter() - t
-                    _timers[f"{_name} run() cpu"] += time.thread_time() - c
-                    return out
+                def timed(fn, label: str, _timers=timers):
+                    def wrapper(*a, **k):
+                        t, c = time.perf_counter(), time.thread_time()
+                        out = fn(*a, **k)
+                        _timers[label] += time.perf_counter() - t
+                        _timers[f"{label} cpu"] += time.thread_time() - c
+                        return out
+                    return wrapper
 
-                def timed_ort(*a, _run=ort_run, _name=name, _timers=timers, **k):
-                    t, c = time.perf_counter(), time.thread_time()
-                    out = _run(*a, **k)
-                    _timers[f"{_name} ORT"] += time.perf_counter() - t
-                    _timers[f"{_name} ORT cpu"] += time.thread_time() - c
-                    return out
-
+                timed_run, timed_ort = timed(run, f"{name} run()"), timed(ort_run, f"{name} ORT")
                 piece.run, piece.session.run_with_iobinding = timed_run, timed_ort
                 originals.append((piece, run, ort_run))
             stats = Stats()
