@@ -6,7 +6,14 @@
     # Runtime (one IOBinding call per token, the graph's own cost)
     .venv-genai/bin/python recipes/experiments/ar_profile.py genai .cache/ortgenai/<model dir> --tokens 128
     # op histogram of a graph after ONNX Runtime's optimizer, and its MatMulNBits attributes
-    python recipes/experiments/ar_profile.py ops MODEL.onnx [--profile]
+    python recipes/experiments/ar_profile.py ops MODEL.onnx
+    # ms per decode token by op type, from ONNX Runtime's own profiler (one intra-op thread): a bundle's
+    # shallow + deep pieces, or (a directory with genai_config.json) GenAI's model.onnx in plain ORT
+    python recipes/experiments/ar_profile.py kernels bundles/smollm2-int4 .cache/ortgenai/<model dir>
+    # one decoder layer's four int4 MatMulNBits (SmolLM2-135M shapes): one row against two, symmetric
+    # against asymmetric, gate/up packed against two; and whether a one-row call equals a row of a
+    # five-row call bit for bit, per block size
+    python recipes/experiments/ar_profile.py matmulnbits
 
 Each figure is a median over rounds; run the systems you compare in one go, the machine is shared.
 The `ours` part imports only numpy and onnxruntime from outside the repository; `genai` only
@@ -205,7 +212,7 @@ def _bare_graph_ms(ort, model_dir: str, prompt_len: int, steps: int, threads: in
     return (time.perf_counter() - t0) / steps * 1e3, (time.process_time() - c0) / steps * 1e3
 
 
-def ops(path: str, profile: bool) -> None:
+def ops(path: str) -> None:
     import onnx
     import onnxruntime as ort
 
@@ -232,22 +239,156 @@ def ops(path: str, profile: bool) -> None:
         print(f"  {v} x {k}")
 
 
+def kernels(paths: list[str], tokens: int) -> None:
+    import onnxruntime as ort
+
+    for path in paths:
+        prefix = str(Path(tempfile.mkdtemp()) / "profile")
+        if (Path(path) / "genai_config.json").exists():
+            files = [_profile_genai_graph(ort, path, tokens, prefix)]
+        else:
+            files = _profile_bundle(path, tokens, prefix)
+        table: collections.Counter = collections.Counter()
+        for f in files:
+            table.update(_ms_per_run_by_op(f))
+        print(path, json.dumps({k: round(v, 3) for k, v in table.most_common()}))
+
+
+def _ms_per_run_by_op(profile_file: str) -> dict[str, float]:
+    events = json.loads(Path(profile_file).read_text())
+    runs = sorted(e["ts"] for e in events if e.get("cat") == "Session" and e["name"] == "model_run")
+    decode = runs[1]  # the first run is the prefill
+    by_op: collections.Counter = collections.Counter()
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= decode:
+            by_op[e["args"]["op_name"]] += e["dur"]
+    by_op["(whole run)"] = sum(e["dur"] for e in events if e.get("cat") == "Session"
+                               and e["name"] == "model_run" and e["ts"] >= decode)
+    return {k: v / (len(runs) - 1) / 1e3 for k, v in by_op.items()}
+
+
+def _profile_bundle(bundle: str, tokens: int, prefix: str) -> list[str]:
+    from specexport.runtime import ort_backend
+    from specexport.runtime.session import load
+
+    plain = ort_backend.session_options
+
+    def profiled(threads=None):
+        opts = plain(1)
+        opts.enable_profiling = True
+        opts.profile_file_prefix = prefix
+        return opts
+
+    ort_backend.session_options = profiled
+    try:
+        session = load(bundle)
+    finally:
+        ort_backend.session_options = plain
+    session.generate(PROMPT, max_new_tokens=tokens, mode="ar")
+    return [getattr(session.pieces, name).session.end_profiling() for name in ("shallow", "deep")]
+
+
+def _profile_genai_graph(ort, model_dir: str, tokens: int, prefix: str) -> str:
+    dec = json.loads((Path(model_dir) / "genai_config.json").read_text())["model"]["decoder"]
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.enable_profiling = True
+    opts.profile_file_prefix = prefix
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(str(Path(model_dir) / dec["filename"]), opts, providers=["CPUExecutionProvider"])
+    inputs = {i.name for i in sess.get_inputs()}
+    kv = [n for n in inputs if n.startswith("past_key_values")]
+    past = {n: np.zeros((1, dec["num_key_value_heads"], 0, dec["head_size"]), np.float32) for n in kv}
+    ids, total = np.ones((1, 40), np.int64), 40
+    outputs = [o.name for o in sess.get_outputs()]
+    for _ in range(tokens + 1):
+        feeds = {"input_ids": ids, "attention_mask": np.ones((1, total), np.int64), **past}
+        if "position_ids" in inputs:
+            feeds["position_ids"] = np.arange(total - ids.shape[1], total)[None]
+        result = dict(zip(outputs, sess.run(None, feeds), strict=True))
+        past = {n: result[n.replace("past_key_values", "present")] for n in kv}
+        ids, total = np.array([[int(np.argmax(result["logits"][0, -1]))]]), total + 1
+    return sess.end_profiling()
+
+
+def matmulnbits(rounds: int) -> None:
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(0)
+    packed = [(576, 960), (576, 576), (576, 3072), (1536, 576)]  # qkv, o, gate+up, down
+    split = [(576, 960), (576, 576), (576, 1536), (576, 1536), (1536, 576)]
+    for block in (16, 32):
+        same = all(_one_row_is_a_row_of_many(ort, rng, k, n, block) for k, n in packed)
+        print(f"block {block}: one-row calls equal a row of a five-row call bit for bit: {same}")
+    sessions = {(sym, k, n): _matmulnbits_session(ort, rng, k, n, sym, 32)
+                for sym in (False, True) for k, n in packed + split}
+    times: dict[str, list[float]] = collections.defaultdict(list)
+    for _ in range(rounds):
+        for sym in (False, True):
+            for layout, shapes in (("gate/up packed", packed), ("gate, up apart", split)):
+                for rows in (1, 2):
+                    us = sum(_cpu_ms_per_call(sessions[(sym, k, n)], rng, rows, k) for k, n in shapes) * 1e3
+                    times[f"{'symmetric' if sym else 'asymmetric'}, {layout}, {rows} row(s)"].append(us)
+    print("CPU microseconds per decoder layer's MatMulNBits (int4, block 32, accuracy_level 4), median:")
+    print(json.dumps(_median_table(times), indent=1))
+
+
+def _matmulnbits_session(ort, rng, k: int, n: int, symmetric: bool, block: int):
+    from onnx import TensorProto, helper, numpy_helper
+
+    blocks = k // block
+    inits = [numpy_helper.from_array(rng.integers(0, 256, (n, blocks, block // 2), dtype=np.uint8), "w"),
+             numpy_helper.from_array((rng.random(n * blocks) * 0.01).astype(np.float32), "scales")]
+    if not symmetric:
+        inits.append(numpy_helper.from_array(rng.integers(0, 256, n * ((blocks + 1) // 2), dtype=np.uint8), "zp"))
+    node = helper.make_node("MatMulNBits", ["a", *[i.name for i in inits]], ["y"], domain="com.microsoft",
+                            K=k, N=n, bits=4, block_size=block, accuracy_level=4)
+    graph = helper.make_graph([node], "mnb", [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["M", k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", n])], inits)
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def _one_row_is_a_row_of_many(ort, rng, k: int, n: int, block: int) -> bool:
+    sess = _matmulnbits_session(ort, rng, k, n, False, block)
+    a = rng.standard_normal((5, k)).astype(np.float32)
+    one = np.concatenate([sess.run(None, {"a": a[i:i + 1]})[0] for i in range(5)])
+    return bool(np.array_equal(one, sess.run(None, {"a": a})[0]))
+
+
+def _cpu_ms_per_call(sess, rng, rows: int, k: int, calls: int = 300) -> float:
+    a = rng.standard_normal((rows, k)).astype(np.float32)
+    for _ in range(10):
+        sess.run(None, {"a": a})
+    start = time.thread_time()
+    for _ in range(calls):
+        sess.run(None, {"a": a})
+    return (time.thread_time() - start) / calls * 1e3
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["ours", "genai", "ops"])
-    ap.add_argument("paths", nargs="+")
+    ap.add_argument("what", choices=["ours", "genai", "ops", "kernels", "matmulnbits"])
+    ap.add_argument("paths", nargs="*")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
     if args.what == "ours":
         ours(args.paths, args.tokens, args.rounds, args.threads)
     elif args.what == "genai":
         genai(args.paths, args.tokens, args.rounds, args.threads)
+    elif args.what == "kernels":
+        kernels(args.paths, args.tokens)
+    elif args.what == "matmulnbits":
+        matmulnbits(args.rounds)
     else:
         for p in args.paths:
-            ops(p, args.profile)
+            ops(p)
 
 
 if __name__ == "__main__":
