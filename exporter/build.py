@@ -112,15 +112,15 @@ def tensorrt_target(backend: str | None, target: str | None, plan_only: bool) ->
         if target or plan_only:
             raise SpecExportError("--target and --plan-only are TensorRT options; add --backend tensorrt")
         return None
-    from .trt_targets import available_targets, load_target
+    from .tensorrt.targets import available_targets, load_target
 
     if not target:
         raise SpecExportError(f"--backend tensorrt needs --target, the device to build for; use one of"
                               f" {', '.join(available_targets())} or a target .toml file")
     spec = load_target(target)
     if not plan_only:
-        from ..runtime.trt_backend import cuda_runtime, device_info
-        from ..runtime.trt_build import tensorrt_blocker
+        from ..runtime.backends.tensorrt import cuda_runtime, device_info
+        from .tensorrt.engines import tensorrt_blocker
 
         blocker = tensorrt_blocker()
         if blocker:
@@ -178,10 +178,10 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
     stages = tqdm(total=7, desc="build", unit="stage", file=sys.stderr, disable=None)
 
     def for_target(graph):
-        # targets whose TensorRT updates caches in place get TensorScatter writes (exporter/trt_graph.py)
+        # targets whose TensorRT updates caches in place get TensorScatter writes (exporter/tensorrt/graph.py)
         if trt_target is None or trt_target["build"]["kv_update"] != "inplace":
             return graph
-        from .trt_graph import inplace_kv
+        from .tensorrt.graph import inplace_kv
 
         return inplace_kv(graph, context)
 
@@ -220,7 +220,7 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
                                                                           src["file"]))
         else:
             source = model_source.resolve(model)
-        from .drafter_source import load_drafter_model, locate_drafter
+        from .training.drafter_source import load_drafter_model, locate_drafter
 
         drafter_choice = locate_drafter(drafter, cfg, source)  # refuses before any piece is written
         stage("loading model")
@@ -249,8 +249,8 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
         stages.update()
 
         stage("adapter")
-        from .adapter_source import resolve_adapter
-        from .train_adapter import pruned_vocab
+        from .training.adapter_source import resolve_adapter
+        from .training.fit_adapter import pruned_vocab
 
         adapter_module, adapter_meta = resolve_adapter(adapter, torch_model, source.checkpoint,
                                                        source.origin_sha256, cfg, ell)
@@ -280,7 +280,7 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
         stages.update()
 
         if trt_target is not None:  # before the parity check: a target TensorRT cannot parse fails fast
-            from .trt_opcheck import require_supported
+            from .tensorrt.opcheck import require_supported
 
             require_supported(writer.tmp, writer.pieces, trt_target)
         stage("checking parity")
@@ -309,12 +309,12 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
 
         trt_section = {"engines": []}
         if trt_target is not None:
-            from .trt_plan import plan_tensorrt
+            from .tensorrt.plan import plan_tensorrt
 
             stage("planning TensorRT engines")
             trt_section = plan_tensorrt(writer.tmp, writer.pieces, trt_target, context=context)
             if not plan_only:
-                from ..runtime.trt_build import build_engines
+                from .tensorrt.engines import build_engines
 
                 stage("building TensorRT engines")
                 trt_section = build_engines(writer.tmp, {"tensorrt": trt_section, "files": {}}, write=False,
@@ -351,7 +351,7 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
         stages.update()
         stages.close()
     if trt_target is not None:  # the commit checksums top-level files only: add the tensorrt/ folder's
-        from .trt_plan import record_files
+        from .tensorrt.plan import record_files
 
         manifest = record_files(Path(out), manifest)
     return manifest

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..runtime.backends.ort import OrtPiece
 from ..runtime.errors import SpecExportError
-from ..runtime.ort_backend import OrtPiece
 
 # max |onnx - torch| / max |torch|, per output; fp16 graphs are compared against the fp32 model
 TOLERANCE = {"fp32": 1e-3, "fp16": 3e-2, "int8": 0.2, "int4": 1.0}

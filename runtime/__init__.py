@@ -1,6 +1,6 @@
 """specexport runtime: load a bundle and run (speculative) decoding with numpy, onnxruntime, tokenizers.
 
-    from specexport.runtime import load
+    from .. import load
     session = load("bundles/smollm2")
     for text in session.stream("Explain how a hash table works.", max_new_tokens=128):
         print(text, end="")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .backend import Piece
+from .backends.common import Piece
 from .sampling import SamplingParams, pick
 from .stats import Stats
 

@@ -20,7 +20,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .backend import Piece
+from .backends.common import Piece
 from .decode import Pieces, ids_array
 from .policies import DraftPolicy, DraftSignal
 from .sampling import SamplingParams, probabilities, sample

@@ -27,7 +27,7 @@ a rollback is a request the drafter applies on its own thread before its next st
 running when the request came is dropped. ONNX Runtime releases the GIL while a piece runs, so the two
 threads really overlap; each session needs a thread pool of its own (not the process-wide shared pool),
 sized by `pearl_threads`. On TensorRT the same loop runs with the two threads on two CUDA streams
-(runtime/trt_pearl.py, not run on a GPU yet).
+(runtime/backends/cuda_streams.py, not run on a GPU yet).
 """
 
 from __future__ import annotations
@@ -305,14 +305,14 @@ def judge_items(items: list[Item], logits: np.ndarray, params: SamplingParams, s
 def shared_pool_in_use() -> bool:
     """Whether this process put every ONNX Runtime session in one shared thread pool (the specexport
     commands do, unless PEARL runs). Read without importing ONNX Runtime."""
-    ort_backend = sys.modules.get(f"{__package__}.ort_backend")
-    return getattr(ort_backend, "_shared_pool_threads", None) is not None
+    ort = sys.modules.get(f"{__package__}.backends.ort")
+    return getattr(ort, "_shared_pool_threads", None) is not None
 
 
 def check_thread_pools(pieces: Pieces) -> None:
     """Refuse (one sentence) to run PEARL when every ONNX Runtime session shares the process-wide pool:
     the drafter and `deep` would then take turns on the same threads instead of running side by side."""
-    if shared_pool_in_use() and isinstance(pieces.deep, sys.modules[f"{__package__}.ort_backend"].OrtPiece):
+    if shared_pool_in_use() and isinstance(pieces.deep, sys.modules[f"{__package__}.backends.ort"].OrtPiece):
         raise SpecExportError("schedule 'pearl' runs the drafter and `deep` side by side, but this process put"
                               " every ONNX Runtime session in one shared thread pool (use_shared_thread_pool);"
                               " open the bundle in a process that does not, or use --schedule sequential")
@@ -322,7 +322,7 @@ def make_handoff(pieces: Pieces, self_draft: bool):
     """The handoff of shallow states between the threads: host arrays for ONNX Runtime, device buffers and
     CUDA events between two streams for TensorRT (imported only then)."""
     if type(pieces.deep).__name__ == "TrtPiece":
-        from .trt_pearl import StreamHandoff
+        from .backends.cuda_streams import StreamHandoff
 
         return StreamHandoff(pieces, self_draft)
     return HostHandoff(pieces)

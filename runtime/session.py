@@ -67,7 +67,7 @@ class Options:
 def _open_pieces(bundle: Bundle, backend: str, providers: list[str] | None,
                  threads: int | dict[str, int] | None) -> Pieces:
     if backend == "onnxruntime":
-        from .ort_backend import OrtPiece
+        from .backends.ort import OrtPiece
 
         def open_piece(name: str) -> OrtPiece:
             # a dict gives each piece its own count (PEARL runs the drafter and `deep` side by side)
@@ -75,7 +75,7 @@ def _open_pieces(bundle: Bundle, backend: str, providers: list[str] | None,
             return OrtPiece(name, bundle.piece_path(name), bundle.pieces[name], bundle.max_context,
                             providers or ["CPUExecutionProvider"], n)
     elif backend == "tensorrt":
-        from .trt_backend import open_trt_piece
+        from .backends.tensorrt import open_trt_piece
 
         def open_piece(name: str):
             return open_trt_piece(bundle, name)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from .backend import TreeMask
+from .backends.common import TreeMask
 from .decode import Pieces, ids_array, prefill
 from .drafters import Draft, Drafter
 from .policies import DraftPolicy

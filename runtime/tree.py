@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .backend import TreeMask
+from .backends.common import TreeMask
 from .decode import Pieces, ids_array
 from .drafters import LOOKUP_MAX_TOKENS, Draft, LookupDrafter, ModelDrafter
 from .errors import SpecExportError

@@ -18,11 +18,12 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
-from specexport.exporter import hf_baseline
-from specexport.runtime import bench_ortgenai, bench_report, bench_systems
-from specexport.runtime.bench import BenchConfig, run_bench, run_interleaved, start_systems
-from specexport.runtime.bench_machine import default_threads
-from specexport.runtime.bench_metrics import (
+from specexport.bench import hf as hf_baseline
+from specexport.bench import ortgenai as bench_ortgenai
+from specexport.bench import report as bench_report
+from specexport.bench import systems as bench_systems
+from specexport.bench.machine import default_threads
+from specexport.bench.metrics import (
     KEYS,
     METRICS,
     REFERENCE,
@@ -35,10 +36,11 @@ from specexport.runtime.bench_metrics import (
     lossless_failures,
     make_record,
 )
-from specexport.runtime.bench_questions import Question, cut_text, load_questions, resolve_questions
-from specexport.runtime.bench_report import render_markdown, write_report
-from specexport.runtime.bench_systems import Skip, System, strip_eos
-from specexport.runtime.cli_bench import register
+from specexport.bench.questions import Question, cut_text, load_questions, resolve_questions
+from specexport.bench.report import render_markdown, write_report
+from specexport.bench.runner import BenchConfig, run_bench, run_interleaved, start_systems
+from specexport.bench.systems import Skip, System, strip_eos
+from specexport.cli.bench import register
 from specexport.runtime.errors import SpecExportError
 
 SPECBENCH = Path(__file__).resolve().parents[2] / "shared" / "specbench" / "question.jsonl"
@@ -562,7 +564,7 @@ def test_chart_skipped_without_matplotlib(tmp_path, monkeypatch):
 
 
 def test_bench_is_light_to_import():
-    code = ("import sys, specexport.runtime.bench, specexport.runtime.cli_bench, specexport.runtime.bench_report;"
+    code = ("import sys, specexport.bench.runner, specexport.cli.bench, specexport.bench.report;"
             " print(sorted(m for m in ('torch', 'transformers', 'onnxruntime', 'onnxruntime_genai', 'matplotlib')"
             " if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -587,7 +589,7 @@ def test_cli_registers_bench():
 
 
 def test_cli_errors_are_one_sentence(tiny_bundles, tmp_path):
-    from specexport.runtime.cli import main
+    from specexport.cli.main import main
 
     bundle = tiny_bundles("ort", 2)
     questions = write_questions(tmp_path / "q.jsonl")

@@ -13,7 +13,7 @@ ENV = {**os.environ, "PYTHONWARNINGS": "ignore"}
 
 
 def cli(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "specexport.runtime.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "specexport.cli.main", *args], capture_output=True,
                           text=True, env=ENV, input=input, timeout=600)
 
 

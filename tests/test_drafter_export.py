@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from specexport.cli.main import main
 from specexport.exporter.build import build_bundle
 from specexport.exporter.model_source import resolve
 from specexport.exporter.tokenizer_match import load_tokenizer, tokenizer_difference
-from specexport.exporter.train_drafter import DrafterTrainConfig, train_drafter
-from specexport.runtime.cli import main
+from specexport.exporter.training.fit_drafter import DrafterTrainConfig, train_drafter
+from specexport.runtime.backends.ort import OrtPiece
 from specexport.runtime.errors import SpecExportError
-from specexport.runtime.ort_backend import OrtPiece
 from transformers import AutoModelForCausalLM
 
 from .conftest import make_tiny_checkpoint
@@ -155,8 +155,8 @@ def test_cli_refuses_unusable_drafters_before_writing(tiny_checkpoint, drafter_c
 @pytest.fixture(scope="module")
 def distilled_dir(tiny_checkpoint, tmp_path_factory):
     """The tiny target's own responses to 32 training prompts, as shards."""
-    from specexport.exporter.distill_data import generate_responses, read_prompts
     from specexport.exporter.recipe import recipes_dir
+    from specexport.exporter.training.distill_data import generate_responses, read_prompts
 
     prompts = read_prompts(recipes_dir() / "data" / "train_prompts.jsonl")[:32]
     return generate_responses(tiny_checkpoint, prompts, tmp_path_factory.mktemp("distill"), max_new_tokens=32,
@@ -165,7 +165,7 @@ def distilled_dir(tiny_checkpoint, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def distilled(distilled_dir):
-    from specexport.exporter.distill_data import load_sequences
+    from specexport.exporter.training.distill_data import load_sequences
 
     return load_sequences(distilled_dir)
 
@@ -192,7 +192,7 @@ def test_training_records_heldout_agreement_and_is_deterministic(trained, tiny_c
 
 def test_materialised_drafter_is_the_trained_one(trained):
     """Folding the projections into a plain Llama (what is exported) changes no logit."""
-    from specexport.exporter.train_drafter import load_drafter
+    from specexport.exporter.training.fit_drafter import load_drafter
 
     model, out, _ = trained
     drafter, vocab, _ = load_drafter(out, model)

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from scipy import stats as sps
+from specexport.cli.main import main
 from specexport.runtime import load
-from specexport.runtime.backend import TreeMask
-from specexport.runtime.cli import main
+from specexport.runtime.backends.common import TreeMask
 from specexport.runtime.drafters import PLAIN, LookupDrafter
 from specexport.runtime.policies import FixedPolicy
 from specexport.runtime.sampling import SamplingParams

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from collections import Counter
@@ -9,9 +10,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from specexport.exporter import distill_data, prompt_set
+from specexport.exporter.training import distill_data
 
 REPO = Path(__file__).resolve().parents[1]
+
+def _load_tool(name: str):
+    """A module of tools/: the repository's own scripts, kept out of the installed package."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+prompt_set = _load_tool("prompt_set")
 SPECBENCH = Path(__file__).resolve().parents[2] / "shared" / "specbench" / "question.jsonl"
 SHIPPED = REPO / "recipes" / "data" / "train_prompts.jsonl"
 WINDOW = 12
@@ -68,7 +79,7 @@ def test_shipped_jsonl_matches_generator(prompts):
     if not SHIPPED.is_file():
         pytest.skip("recipes/data/train_prompts.jsonl not generated")
     shipped = [json.loads(line) for line in SHIPPED.read_text(encoding="utf-8").splitlines() if line.strip()]
-    assert shipped == prompts, "regenerate with: python -m specexport.exporter.prompt_set --out " + str(
+    assert shipped == prompts, "regenerate with: python tools/prompt_set.py --out " + str(
         SHIPPED
     )
     assert SHIPPED.stat().st_size < 3_000_000

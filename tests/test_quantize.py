@@ -107,7 +107,7 @@ def test_mispacked_weights_fail_parity_naming_the_piece(tmp_path, tiny_checkpoin
 @pytest.mark.parametrize("flags", [["--flavour", "standard"], ["--backend", "tensorrt", "--target", "orin-nano"]])
 def test_quantized_precision_refused_where_matmulnbits_cannot_run(tmp_path, tiny_checkpoint, flags):
     out = tmp_path / "bundle"
-    proc = subprocess.run([sys.executable, "-m", "specexport.runtime.cli", "build", "--out", str(out), "--model",
+    proc = subprocess.run([sys.executable, "-m", "specexport.cli.main", "build", "--out", str(out), "--model",
                            str(tiny_checkpoint), "--precision", "int4", *flags], capture_output=True, text=True,
                           env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=120)
     assert proc.returncode == 1, proc.stderr
@@ -138,7 +138,7 @@ def test_dequantized_weights_round_trip_through_the_packing():
 
 def test_cli_help_lists_precision():
     from click.testing import CliRunner
-    from specexport.runtime.cli import main
+    from specexport.cli.main import main
 
     result = CliRunner().invoke(main, ["build", "--help"])
     assert "--precision" in result.output and "int4" in result.output

@@ -38,7 +38,7 @@ def test_runtime_imports_and_generates_without_torch(tiny_bundles):
 
 def test_cli_generate_without_torch(tiny_bundles):
     bundle = tiny_bundles("ort", 2)
-    code = BLOCKER + "from specexport.runtime.cli import main; main()"
+    code = BLOCKER + "from specexport.cli.main import main; main()"
     proc = subprocess.run([sys.executable, "-c", code, "generate", "--bundle", str(bundle), "--max-new-tokens",
                            "4", "fox"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr

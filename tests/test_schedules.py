@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from scipy import stats as sps
+from specexport.bench.metrics import REFERENCE
+from specexport.bench.runner import BenchConfig, make_systems
 from specexport.runtime import load
-from specexport.runtime.bench import BenchConfig, make_systems
-from specexport.runtime.bench_metrics import REFERENCE
 from specexport.runtime.drafters import Draft
 from specexport.runtime.errors import SpecExportError
 from specexport.runtime.pearl import SelfStepper, pearl, pearl_threads
@@ -459,8 +459,8 @@ class FakeTrtPiece:
 def test_trt_stream_handoff_call_order():
     from types import SimpleNamespace
 
+    from specexport.runtime.backends.cuda_streams import RING, StreamHandoff
     from specexport.runtime.pearl import Item
-    from specexport.runtime.trt_pearl import RING, StreamHandoff
 
     cuda = StreamCudaDouble()
     calls = cuda.calls

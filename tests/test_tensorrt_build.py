@@ -10,8 +10,8 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from specexport.cli.main import main
 from specexport.exporter.parity import TOLERANCE
-from specexport.runtime.cli import main
 from specexport.runtime.manifest import load_bundle
 
 CONTEXT = 128

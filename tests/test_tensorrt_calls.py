@@ -18,11 +18,11 @@ from types import SimpleNamespace
 import numpy as np
 import onnx
 import pytest
-from specexport.exporter.trt_plan import plan_tensorrt
-from specexport.runtime.backend import TreeMask
+from specexport.exporter.tensorrt.engines import build_engines
+from specexport.exporter.tensorrt.plan import plan_tensorrt
+from specexport.runtime.backends.common import TreeMask
+from specexport.runtime.backends.tensorrt import open_trt_piece
 from specexport.runtime.manifest import load_bundle
-from specexport.runtime.trt_backend import open_trt_piece
-from specexport.runtime.trt_build import build_engines
 
 from .test_tensorrt_fp16 import make_tiny_bundle
 
@@ -459,8 +459,9 @@ def test_build_without_plan_only_builds_engines_into_the_bundle(tmp_path, tiny_c
     exports, checks, plans and builds the engines before the bundle is committed; every file, the engines
     and scripts under tensorrt/ included, is checksummed in the manifest."""
     from click.testing import CliRunner
-    from specexport.runtime import trt_backend, trt_build
-    from specexport.runtime.cli import main
+    from specexport.cli.main import main
+    from specexport.exporter.tensorrt import engines as trt_build
+    from specexport.runtime.backends import tensorrt as trt_backend
 
     trt, cuda = TensorRTDouble(), CudaRuntimeDouble()
     for module in (trt_backend, trt_build):

@@ -28,9 +28,9 @@ from specexport.exporter.bundle import BundleWriter
 from specexport.exporter.hf_weights import extract
 from specexport.exporter.llama_graph import AdapterWeights
 from specexport.exporter.parity import TOLERANCE, relative_error
-from specexport.exporter.trt_graph import inplace_kv
-from specexport.runtime.backend import TensorSpec, bias_input, bias_spec, control_feeds
-from specexport.runtime.ort_backend import OrtPiece
+from specexport.exporter.tensorrt.graph import inplace_kv
+from specexport.runtime.backends.common import TensorSpec, bias_input, bias_spec, control_feeds
+from specexport.runtime.backends.ort import OrtPiece
 from transformers import AutoModelForCausalLM
 
 EXIT = 2

@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 from specexport.exporter.parity import TOLERANCE, relative_error
-from specexport.exporter.trt_targets import ops_matrix
+from specexport.exporter.tensorrt.targets import ops_matrix
 from specexport.runtime.errors import SpecExportError
 
 from .test_tensorrt_fp16 import CONTEXT, STEPS, make_tiny_bundle, torch_reference
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def gpu():
-    from specexport.runtime.trt_build import require_tensorrt
+    from specexport.exporter.tensorrt.engines import require_tensorrt
 
     try:
         trt, cudart, device = require_tensorrt()
@@ -44,9 +44,9 @@ def _device_target(tmp_path, trt, device) -> str:
 @pytest.fixture(scope="module", params=["swap", "inplace"])
 def built(request, gpu, tmp_path_factory, tiny_checkpoint):
     """Engines of the tiny fp16 bundle in both KV forms; the in-place (TensorScatter) form needs TensorRT 10.15."""
-    from specexport.exporter.trt_plan import plan_tensorrt
-    from specexport.runtime.trt_backend import INPLACE_KV_FROM
-    from specexport.runtime.trt_build import build_engines, write_manifest
+    from specexport.exporter.tensorrt.engines import build_engines, write_manifest
+    from specexport.exporter.tensorrt.plan import plan_tensorrt
+    from specexport.runtime.backends.tensorrt import INPLACE_KV_FROM
 
     trt, _, device = gpu
     inplace = request.param == "inplace"
@@ -108,7 +108,7 @@ def test_gpu_generate_runs(built):
 def test_gpu_trtexec_script_and_adopt(built, tmp_path):
     import subprocess
 
-    from specexport.runtime.trt_build import build_engines
+    from specexport.exporter.tensorrt.engines import build_engines
 
     if shutil.which("trtexec") is None:
         pytest.skip("trtexec is not on PATH (JetPack: /usr/src/tensorrt/bin)")
@@ -123,7 +123,7 @@ def test_gpu_trtexec_script_and_adopt(built, tmp_path):
 def test_gpu_build_command(gpu, tmp_path, tiny_checkpoint):
     """`specexport build --target <this GPU>` without --plan-only: export, check, plan and engines in one go."""
     from click.testing import CliRunner
-    from specexport.runtime.cli import main
+    from specexport.cli.main import main
     from specexport.runtime.manifest import load_bundle
     from specexport.runtime.session import load
 

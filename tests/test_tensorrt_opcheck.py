@@ -10,7 +10,7 @@ import onnx
 import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
-from specexport.exporter.trt_opcheck import check_model, check_pieces, require_supported
+from specexport.exporter.tensorrt.opcheck import check_model, check_pieces, require_supported
 from specexport.runtime.errors import SpecExportError
 
 from .test_tensorrt_fp16 import make_tiny_bundle
@@ -143,8 +143,8 @@ def test_types_are_checked():
 
 
 def test_check_command(bundles):
-    from specexport.runtime.cli import main
-    from specexport.runtime.cli_tensorrt import register
+    from specexport.cli.main import main
+    from specexport.cli.tensorrt import register
 
     register(main)
     runner = CliRunner()

@@ -9,10 +9,10 @@ import shutil
 
 import pytest
 from click.testing import CliRunner
-from specexport.exporter.trt_plan import plan_tensorrt, shape_tensor_inputs, trtexec_args
+from specexport.exporter.tensorrt.plan import plan_tensorrt, shape_tensor_inputs, trtexec_args
+from specexport.runtime.backends.tensorrt import check_engine_compat, kv_binding_mode, select_profile
 from specexport.runtime.errors import SpecExportError
 from specexport.runtime.manifest import load_bundle
-from specexport.runtime.trt_backend import check_engine_compat, kv_binding_mode, select_profile
 
 from .test_tensorrt_fp16 import CONTEXT, make_tiny_bundle
 
@@ -119,8 +119,8 @@ def test_plan_refuses_what_tensorrt_cannot_build(tmp_path, tiny_checkpoint, fres
 
 
 def test_engines_plan_command_rewrites_a_verifiable_manifest(fresh):
-    from specexport.runtime.cli import main
-    from specexport.runtime.cli_tensorrt import register
+    from specexport.cli.main import main
+    from specexport.cli.tensorrt import register
 
     register(main)
     runner = CliRunner()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from specexport.exporter.trt_targets import available_targets, describe, load_target, matrix_version, ops_matrix
+from specexport.exporter.tensorrt.targets import available_targets, describe, load_target, matrix_version, ops_matrix
 from specexport.runtime.errors import SpecExportError
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from specexport.exporter.adapter_source import train_for_target
 from specexport.exporter.build import build_bundle
 from specexport.exporter.model_source import resolve
+from specexport.exporter.training.adapter_source import train_for_target
 from specexport.runtime import load
 from specexport.runtime.sampling import SamplingParams
 from transformers import AutoModelForCausalLM
@@ -85,7 +85,7 @@ def test_training_on_a_pruned_head_exports_that_head(trained, tiny_checkpoint, t
     """An adapter trained over the 64 most frequent tokens keeps exactly those rows at export, with no
     recipe setting, and still decodes losslessly (verification keeps the full vocabulary)."""
     import numpy as np
-    from specexport.exporter.train_adapter import pruned_vocab
+    from specexport.exporter.training.fit_adapter import pruned_vocab
 
     model, _, _ = trained
     settings = {**SETTINGS, "steps": 20, "draft_vocab": 64}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from specexport.runtime import load
-from specexport.runtime.backend import TreeMask
+from specexport.runtime.backends.common import TreeMask
 from specexport.runtime.decode import ids_array
 
 # root 0; children 1, 2; 3 under 1; 4 under 2; 5 under 3; 6 under 1 (a branch interleaved with another)

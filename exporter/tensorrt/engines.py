@@ -1,0 +1,225 @@
+"""Build the TensorRT engines a bundle's plan lists, on the device, through TensorRT's Python API.
+
+Per piece: a strongly typed network (the precision is the ONNX file's: TensorRT 11 has no precision
+flags), `OnnxParser.parse_from_file` (the external weights sit next to the .onnx), a builder config with
+the plan's workspace cap, builder optimization level, hardware/version compatibility and one
+optimization profile per call regime, then `build_serialized_network`. One timing cache is shared by
+all pieces and saved in the bundle, so later builds on the same device reuse the measured tactics.
+Each engine's TensorRT version, compute capability and SHA-256 go into the manifest, which is rewritten
+atomically together with its checksums.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from ...runtime.backends.tensorrt import cuda_runtime, device_info, import_tensorrt
+from ...runtime.errors import SpecExportError
+from ...runtime.manifest import MANIFEST, read_manifest, sha256_file
+from ...runtime.paths import cache_dir
+
+
+def _vkey(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in str(text).split(".")[:2] if p.isdigit())
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_manifest(root: Path, manifest: dict) -> None:
+    """Rewrite manifest.json in one rename: a reader sees the old or the new one, never half."""
+    write_atomic(Path(root) / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
+
+
+def tensorrt_blocker() -> str | None:
+    """Why TensorRT engines cannot be built on this machine (a short clause), or None when they can."""
+    try:
+        import_tensorrt()
+        device_info(cuda_runtime())
+    except SpecExportError as exc:
+        return str(exc).split(";")[0]
+    return None
+
+
+def require_tensorrt(trt=None, cudart=None, hint: str = "") -> tuple:
+    """(tensorrt module, cuda runtime module, device info), or one sentence saying what is missing."""
+    trt = trt or import_tensorrt(hint)
+    cudart = cudart or cuda_runtime()
+    return trt, cudart, device_info(cudart)
+
+
+def device_timing_cache(trt_version: str, device: dict) -> Path:
+    """This device's timing cache outside any bundle, so a new bundle's build reuses earlier measurements
+    (a timing cache is only valid for one TensorRT version on one GPU model)."""
+    cc = device["compute_capability"].replace(".", "")
+    return cache_dir("tensorrt") / f"timing-trt{trt_version}-sm{cc}.cache"
+
+
+def _plan_section(manifest: dict, root: Path) -> dict:
+    section = manifest.get("tensorrt") or {}
+    if not section.get("plan"):
+        raise SpecExportError(f"bundle {root} has no TensorRT plan; make one with `specexport build --backend"
+                              f" tensorrt --target NAME --plan-only` or `specexport engines plan {root} --target NAME`")
+    return section
+
+
+def _check_device(section: dict, device: dict, trt_version: str, any_device: bool, log: Callable) -> None:
+    target = section["target"]
+    if device["compute_capability"] != target["compute_capability"] and not any_device:
+        raise SpecExportError(f"this GPU ({device['name']}) has compute capability {device['compute_capability']}"
+                              f" but the plan is for target {target['name']} ({target['compute_capability']});"
+                              " re-plan with `specexport engines plan BUNDLE --target NAME` for this device, or"
+                              " pass --any-device")
+    if _vkey(trt_version) != _vkey(target["tensorrt_version"]):
+        log(f"note: the plan's operator check was for TensorRT {target['tensorrt_version']}, this device runs"
+            f" {trt_version}")
+
+
+def _profiles(trt, builder, network, config, plan: dict, piece: str) -> None:
+    inputs = [network.get_input(i) for i in range(network.num_inputs)]
+    for index, prof in enumerate(plan["profiles"]):
+        profile = builder.create_optimization_profile()
+        for tensor in inputs:
+            name = tensor.name
+            if tensor.is_shape_tensor:
+                values = prof["values"].get(name)
+                if values is None:
+                    raise SpecExportError(f"piece {piece!r}: TensorRT treats input {name!r} as a shape tensor but the"
+                                          " plan gives it no values; re-plan the bundle")
+                profile.set_shape_input(name, values["min"], values["opt"], values["max"])
+            else:
+                shapes = prof["shapes"].get(name)
+                if shapes is None:
+                    raise SpecExportError(f"piece {piece!r}: the plan has no shapes for input {name!r}; re-plan")
+                profile.set_shape(name, shapes["min"], shapes["opt"], shapes["max"])
+        if config.add_optimization_profile(profile) != index:
+            raise SpecExportError(f"piece {piece!r}: TensorRT rejected optimization profile {prof['name']!r}")
+
+
+def _configure(trt, builder, builder_settings: dict, cache):
+    config = builder.create_builder_config()
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(builder_settings["workspace_mib"]) << 20)
+    config.builder_optimization_level = int(builder_settings["builder_optimization_level"])
+    if builder_settings["hardware_compatibility"] == "ampere+":
+        config.hardware_compatibility_level = trt.HardwareCompatibilityLevel.AMPERE_PLUS
+    if builder_settings["version_compatible"]:
+        config.set_flag(trt.BuilderFlag.VERSION_COMPATIBLE)
+    if cache is not None and not config.set_timing_cache(cache, False):
+        cache = None  # recorded on another device or TensorRT: start a new one
+    if cache is None:
+        cache = config.create_timing_cache(b"")
+        config.set_timing_cache(cache, False)
+    return config, cache
+
+
+def build_piece(trt, builder, logger, root: Path, name: str, plan: dict, builder_settings: dict, cache):
+    """One engine through the Python API; returns (serialized engine bytes, timing cache)."""
+    flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    network = builder.create_network(flags)
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(root / plan["onnx"])):
+        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+        raise SpecExportError(f"TensorRT's ONNX parser rejected piece {name!r}: {errors}")
+    config, cache = _configure(trt, builder, builder_settings, cache)
+    _profiles(trt, builder, network, config, plan, name)
+    serialized = builder.build_serialized_network(network, config)
+    if serialized is None:
+        raise SpecExportError(f"TensorRT could not build the engine of piece {name!r} (see its log above); on"
+                              " an 8 GB Jetson close other programs or lower workspace_mib in the target")
+    return bytes(serialized), cache
+
+
+def _engine_meta(name: str, plan: dict, data_sha: str, size: int, trt_version: str, device: dict, section: dict,
+                 built_with: str) -> dict:
+    b = section["builder"]
+    return {"piece": name, "file": plan["engine"], "sha256": data_sha, "size_bytes": size,
+            "tensorrt_version": trt_version, "compute_capability": device["compute_capability"],
+            "device": device["name"], "target": section["target"]["name"],
+            "profiles": [p["name"] for p in plan["profiles"]], "precision": b["precision"],
+            "hardware_compatibility": b["hardware_compatibility"], "version_compatible": b["version_compatible"],
+            "built_with": built_with,
+            "built_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def build_engines(bundle_dir: Path, manifest: dict | None = None, *, pieces: list[str] | None = None,
+                  timing_cache: Path | None = None, adopt: bool = False, any_device: bool = False,
+                  log: Callable[[str], None] = print, trt=None, cudart=None, write: bool = True) -> dict:
+    """Build (or, with ``adopt``, record engines trtexec already built from the plan's scripts) every
+    piece's engine; returns the updated manifest, also written to ``bundle_dir`` unless ``write`` is False
+    (`specexport build` commits the manifest itself). ``trt``/``cudart`` default to the real modules."""
+    root = Path(bundle_dir)
+    manifest = manifest or read_manifest(root)
+    section = _plan_section(manifest, root)
+    trt, cudart, device = require_tensorrt(trt, cudart)
+    trt_version = trt.__version__
+    _check_device(section, device, trt_version, any_device, log)
+    names = pieces or list(section["plan"])
+    unknown = [n for n in names if n not in section["plan"]]
+    if unknown:
+        raise SpecExportError(f"the plan has no piece {', '.join(map(repr, unknown))}; it lists"
+                              f" {', '.join(section['plan'])}")
+    logger = trt.Logger(trt.Logger.WARNING)
+    cache_path = Path(timing_cache) if timing_cache else root / section["builder"]["timing_cache"]
+    shared_cache = None if timing_cache else device_timing_cache(trt_version, device)
+    load_from = next((p for p in (cache_path, shared_cache) if p is not None and p.is_file()), None)
+    entries = {e["piece"]: e for e in section.get("engines", [])}
+    builder, cache = None, None
+    for name in names:
+        plan = section["plan"][name]
+        engine_path = root / plan["engine"]
+        engine_path.parent.mkdir(parents=True, exist_ok=True)
+        if adopt:
+            if not engine_path.is_file():
+                raise SpecExportError(f"{engine_path} does not exist; run {plan['script']} first or build without"
+                                      " --adopt")
+            data = engine_path.read_bytes()
+            runtime = trt.Runtime(logger)
+            if section["builder"]["version_compatible"]:  # its embedded lean runtime must be allowed to run
+                runtime.engine_host_code_allowed = True
+            engine = runtime.deserialize_cuda_engine(data)
+            if engine is None:
+                raise SpecExportError(f"{engine_path} does not load in TensorRT {trt_version} on this GPU; rebuild it")
+            if engine.num_optimization_profiles != len(plan["profiles"]):
+                raise SpecExportError(f"{engine_path} has {engine.num_optimization_profiles} profiles, the plan"
+                                      f" {len(plan['profiles'])}; rebuild it with {plan['script']}")
+            built_with = "trtexec"
+        else:
+            if builder is None:
+                builder = trt.Builder(logger)
+                if load_from is not None:
+                    config = builder.create_builder_config()
+                    cache = config.create_timing_cache(load_from.read_bytes())
+            log(f"building the TensorRT engine of {name} ({len(plan['profiles'])} profiles)")
+            data, cache = build_piece(trt, builder, logger, root, name, plan, section["builder"], cache)
+            write_atomic(engine_path, data)
+            built_with = "python-api"
+        entries[name] = _engine_meta(name, plan, hashlib.sha256(data).hexdigest(), len(data), trt_version, device,
+                                     section, built_with)
+    if cache is not None:
+        data = bytes(cache.serialize())
+        for path in (cache_path, shared_cache):
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                write_atomic(path, data)
+    section["engines"] = [entries[n] for n in section["plan"] if n in entries]
+    manifest["tensorrt"] = section
+    files = manifest.setdefault("files", {})
+    for entry in section["engines"]:
+        files[entry["file"]] = entry["sha256"]
+    for rel in section.get("files", {}):
+        if (root / rel).is_file():
+            files[rel] = sha256_file(root / rel)
+    if write:
+        write_manifest(root, manifest)
+    return manifest

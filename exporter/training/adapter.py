@@ -1,0 +1,128 @@
+"""Kangaroo's self-draft adapter as a PyTorch module, and its conversion to graph weights.
+
+The adapter reads the early-exit hidden state h_l and predicts the target's next token through the
+target's own (frozen) final LM head:
+
+    h_l -> RMSNorm -> self-attention (target's head layout, RoPE) -> + h_l -> RMSNorm -> LM head
+
+``arch="block"`` adds the post-attention RMSNorm + SwiGLU MLP of a full decoder layer, for the
+capacity experiments of the recipe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..llama_graph import AdapterWeights, AttentionWeights, Dims, LayerWeights
+
+ARCHS = ("attention", "block")
+
+
+@dataclass(frozen=True)
+class AdapterConfig:
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    rms_eps: float
+    exit_layer: int
+    arch: str = "attention"
+
+    @classmethod
+    def for_target(cls, dims: Dims, exit_layer: int, arch: str = "attention") -> AdapterConfig:
+        return cls(dims.hidden, dims.heads, dims.kv_heads, dims.head_dim, dims.intermediate, dims.rms_eps,
+                   exit_layer, arch)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        var = x.float().pow(2).mean(-1, keepdim=True)
+        return (x.float() * torch.rsqrt(var + self.eps)).to(x.dtype) * self.weight
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE on [batch, heads, seq, head_dim] with cos/sin [seq, head_dim // 2]."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+class Adapter(nn.Module):
+    def __init__(self, cfg: AdapterConfig, inv_freq: np.ndarray, rope_scaling: float = 1.0) -> None:
+        super().__init__()
+        if cfg.arch not in ARCHS:
+            raise ValueError(f"unknown adapter arch {cfg.arch!r}; use one of {ARCHS}")
+        self.cfg = cfg
+        h, hd = cfg.hidden, cfg.head_dim
+        self.input_norm = RMSNorm(h, cfg.rms_eps)
+        self.q_proj = nn.Linear(h, cfg.heads * hd, bias=False)
+        self.k_proj = nn.Linear(h, cfg.kv_heads * hd, bias=False)
+        self.v_proj = nn.Linear(h, cfg.kv_heads * hd, bias=False)
+        self.o_proj = nn.Linear(cfg.heads * hd, h, bias=False)
+        if cfg.arch == "block":
+            self.post_norm = RMSNorm(h, cfg.rms_eps)
+            self.gate_proj = nn.Linear(h, cfg.intermediate, bias=False)
+            self.up_proj = nn.Linear(h, cfg.intermediate, bias=False)
+            self.down_proj = nn.Linear(cfg.intermediate, h, bias=False)
+        self.output_norm = RMSNorm(h, cfg.rms_eps)
+        self.register_buffer("inv_freq", torch.tensor(inv_freq, dtype=torch.float32), persistent=False)
+        self.rope_scaling = rope_scaling
+
+    def init_from_target(self, model) -> None:
+        """Start from the target's own layer l (and final norm): a far better start than random."""
+        layer = model.model.layers[self.cfg.exit_layer]
+        with torch.no_grad():
+            self.input_norm.weight.copy_(layer.input_layernorm.weight)
+            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                getattr(self, name).weight.copy_(getattr(layer.self_attn, name).weight)
+            if self.cfg.arch == "block":
+                self.post_norm.weight.copy_(layer.post_attention_layernorm.weight)
+                for name in ("gate_proj", "up_proj", "down_proj"):
+                    getattr(self, name).weight.copy_(getattr(layer.mlp, name).weight)
+            self.output_norm.weight.copy_(model.model.norm.weight)
+
+    def hidden(self, h: torch.Tensor) -> torch.Tensor:
+        """[batch, seq, hidden] early-exit states -> the adapter's final normed states (causal)."""
+        cfg = self.cfg
+        b, s, _ = h.shape
+        x = self.input_norm(h)
+        q = self.q_proj(x).view(b, s, cfg.heads, cfg.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, cfg.kv_heads, cfg.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, cfg.kv_heads, cfg.head_dim).transpose(1, 2)
+        angles = torch.arange(s, dtype=torch.float32, device=h.device)[:, None] * self.inv_freq[None, :]
+        cos, sin = angles.cos() * self.rope_scaling, angles.sin() * self.rope_scaling
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        group = cfg.heads // cfg.kv_heads
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = h + self.o_proj(attn.transpose(1, 2).reshape(b, s, cfg.heads * cfg.head_dim))
+        if cfg.arch == "block":
+            y = self.post_norm(x)
+            x = x + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y))
+        return self.output_norm(x)
+
+    def graph_weights(self) -> tuple[AdapterWeights, LayerWeights | None]:
+        def np_(t):
+            return t.detach().float().cpu().numpy()
+
+        attn = AttentionWeights(q=np_(self.q_proj.weight), k=np_(self.k_proj.weight), v=np_(self.v_proj.weight),
+                                o=np_(self.o_proj.weight))
+        weights = AdapterWeights(input_norm=np_(self.input_norm.weight), attn=attn,
+                                 output_norm=np_(self.output_norm.weight))
+        mlp = None
+        if self.cfg.arch == "block":
+            mlp = LayerWeights(input_norm=weights.input_norm, attn=attn, post_norm=np_(self.post_norm.weight),
+                               gate=np_(self.gate_proj.weight), up=np_(self.up_proj.weight),
+                               down=np_(self.down_proj.weight))
+        return weights, mlp

@@ -1,0 +1,76 @@
+"""`specexport train-adapter` / `train-drafter`: resolve the target and settings, then self-distil."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ...runtime.errors import SpecExportError
+from .. import model_source
+from ..recipe import load_recipe
+from .adapter_source import train_for_target, train_settings
+
+
+def _target(cfg: dict, model: str | None) -> model_source.ModelSource:
+    if model is None:
+        src = cfg["source"]
+        return model_source.resolve(model_source.default_model_file(src["package"], src["version"], src["file"]))
+    return model_source.resolve(model)
+
+
+def _check_extra_data(dirs: tuple[Path, ...]) -> None:
+    """Refuses a directory without shards before any distillation or training time is spent."""
+    for d in dirs:
+        if not Path(d).is_dir() or not any(Path(d).glob("shard_*.npz")):
+            raise SpecExportError(f"--extra-data {d} holds no distillation shards (shard_*.npz); make them with"
+                                  " tools/experiments/genai_distill.py")
+
+
+def train_adapter_command(out: Path, recipe: str | None = None, model: str | None = None, command: str = "",
+                          extra_data: tuple[Path, ...] = (), **overrides) -> dict:
+    import json
+
+    from .fit_adapter import META_FILE
+
+    _check_extra_data(extra_data)
+    cfg = load_recipe(recipe)
+    source = _target(cfg, model)
+    settings = train_settings(cfg)
+    settings.update({k: v for k, v in overrides.items() if v is not None and k != "exit_layer"})
+    exit_layer = overrides.get("exit_layer") or int(cfg["export"].get("exit_layer", 2))
+    torch_model, _ = model_source.load_model(source.checkpoint)
+    train_for_target(torch_model, source.checkpoint, source.origin_sha256, exit_layer, settings, Path(out),
+                     command=command, extra_data=extra_data)
+    return json.loads((Path(out) / META_FILE).read_text())
+
+
+def drafter_settings(recipe: dict, overrides: dict | None = None):
+    """(settings, DrafterTrainConfig): [drafter.train] over the adapter's data settings, then `overrides`. The
+    drafter learns from the adapter's distilled responses: same prompts, same length, same cache."""
+    from .fit_drafter import DrafterTrainConfig
+
+    data_keys = ("prompts", "prompt_limit", "max_new_tokens", "batch_size")
+    adapter_data = {k: v for k, v in recipe.get("adapter", {}).get("train", {}).items() if k in data_keys}
+    settings = {**adapter_data, **recipe.get("drafter", {}).get("train", {})}
+    settings.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    fields = DrafterTrainConfig.__dataclass_fields__
+    return settings, DrafterTrainConfig(**{k: v for k, v in settings.items() if k in fields})
+
+
+def train_drafter_command(out: Path, recipe: str | None = None, model: str | None = None, command: str = "",
+                          extra_data: tuple[Path, ...] = (), **overrides) -> dict:
+    """Distils a Spec-Drafter on the adapter's data; settings: [drafter.train], then the options given."""
+    from .adapter_source import describe_data, distilled_sequences, extra_sequences
+    from .fit_drafter import train_drafter
+
+    _check_extra_data(extra_data)
+    cfg = load_recipe(recipe)
+    source = _target(cfg, model)
+    settings, train_cfg = drafter_settings(cfg, overrides)
+    torch_model, _ = model_source.load_model(source.checkpoint)
+    sequences = distilled_sequences(source.checkpoint, source.origin_sha256, settings)
+    data = describe_data(sequences, settings)
+    extra, note = extra_sequences(extra_data, source.origin_sha256, settings, train_cfg)
+    return train_drafter(torch_model, sequences, train_cfg, Path(out), source.origin_sha256,
+                         command=command, feature_layer=int(cfg["export"].get("exit_layer", 2)),
+                         data=data + note, extra=extra)
+

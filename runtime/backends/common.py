@@ -1,0 +1,111 @@
+"""The backend interface: one `Piece` per graph, each owning its KV cache.
+
+A piece is called with the new tokens (ids or hidden states) and the position of the first one.
+It writes their keys/values at exactly those positions and attends to everything before them, so
+the caller rolls back a rejected draft by simply calling again from an earlier position: nothing is
+copied or cleared (attention never looks past the query's own position).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from ..errors import SpecExportError
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str  # numpy dtype name
+    shape: list  # ints and named dynamic axes
+
+    @classmethod
+    def from_json(cls, d: dict) -> TensorSpec:
+        return cls(d["name"], d["dtype"], list(d["shape"]))
+
+
+class Piece(Protocol):
+    name: str
+
+    def run(self, x: np.ndarray, start: int, keep: int = 1, tree: TreeMask | None = None) -> dict[str, np.ndarray]:
+        """Run on ``x`` ([1, n] token ids or [1, n, hidden] states) at positions [start, start+n);
+        ``keep`` is how many trailing positions need logits. Returns the piece's non-cache outputs.
+        With ``tree`` the n tokens belong to a token tree: they still take cache slots [start, start+n),
+        but their positions and what they attend to come from the tree."""
+        ...
+
+
+@dataclass(frozen=True)
+class TreeMask:
+    """A call's tokens as part of a token tree rooted at slot `base` (the root's position): token i sits
+    at position base + depth[i] and attends to every slot before `base` and, of the slots from `base` to
+    the call's end, to those `visible[i]` marks (its ancestors and itself)."""
+
+    base: int
+    depth: np.ndarray  # [n]
+    visible: np.ndarray  # [n, start + n - base] bool
+
+    @staticmethod
+    def supported(piece) -> bool:
+        """Whether a piece takes token trees (bundles built before `attention_bias` do not)."""
+        return "attention_bias" in getattr(piece, "input_names", ())
+
+    @classmethod
+    def from_parents(cls, parents: list[int], base: int) -> TreeMask:
+        """A whole tree in one call at `base`, in topological order: parents[i] < i, -1 for the root only."""
+        n = len(parents)
+        depth = np.zeros(n, dtype=np.int64)
+        visible = np.eye(n, dtype=bool)
+        for i, p in enumerate(parents):
+            if p >= 0:
+                if p >= i:
+                    raise ValueError(f"tree token {i} has parent {p}: parents must come first")
+                depth[i] = depth[p] + 1
+                visible[i] |= visible[p]
+            elif i:
+                raise ValueError(f"tree token {i} has no parent: only the first token is the root")
+        return cls(base, depth, visible)
+
+
+def attention_bias(start: int, n: int, width: int, dtype: str, tree: TreeMask | None) -> np.ndarray:
+    """The `attention_bias` input: zeros, except -max between a tree's branches. Causality is the
+    graph's own (slot j <= slot i), so a chain needs no mask here."""
+    bias = np.zeros((1, 1, n, width), dtype=dtype)
+    if tree is not None:
+        bias[0, 0, :, tree.base:start + n][~tree.visible] = np.finfo(dtype).min
+    return bias
+
+
+def control_feeds(names: set[str], start: int, n: int, keep: int, tree: TreeMask | None = None,
+                  bias: tuple[int, str] | None = None) -> dict[str, np.ndarray]:
+    """The small per-call inputs every flavour takes; each piece declares which ones it reads. `bias` is
+    the width and dtype of the piece's `attention_bias` (its last axis: start + n in ONNX Runtime's
+    GroupQueryAttention, the whole cache in the standard graphs)."""
+    if tree is not None and "attention_bias" not in names:
+        raise SpecExportError("this bundle's pieces predate token trees (they take no attention_bias); rebuild"
+                              " it with `specexport build` to use --tree")
+    positions = np.arange(start, start + n, dtype=np.int64) if tree is None else tree.base + tree.depth
+    feeds = {
+        "position_ids": positions[None, :],
+        "seqlens_k": np.array([start + n - 1], dtype=np.int32),
+        "total_sequence_length": np.array(start + n, dtype=np.int32),
+        "logits_to_keep": np.array([keep], dtype=np.int64),
+    }
+    if bias is not None and "attention_bias" in names:
+        feeds["attention_bias"] = attention_bias(start, n, bias[0], bias[1], tree)
+    return {k: v for k, v in feeds.items() if k in names}
+
+
+def bias_input(inputs: list[TensorSpec]) -> TensorSpec | None:
+    """A piece's `attention_bias` input, if it has one (found once, when the piece opens)."""
+    return next((t for t in inputs if t.name == "attention_bias"), None)
+
+
+def bias_spec(spec: TensorSpec | None, start: int, n: int, max_context: int) -> tuple[int, str] | None:
+    """Width and dtype of the `attention_bias` input `spec` for a call of n tokens at `start`."""
+    if spec is None:
+        return None
+    return (max_context if spec.shape[-1] == "cache_len" else start + n), spec.dtype
