@@ -71,7 +71,7 @@ bench-int4: bench-env $(BUNDLE_INT4)/manifest.json
 	$(BIN)/specexport bench --bundle $(BUNDLE_INT4) --out reports/$(notdir $(BUNDLE_INT4)) \
 		--genai-python $(VENV_GENAI)/bin/python --baselines ortgenai-int4 --tree $(BENCH_TREES) $(BENCH_ARGS)
 
-# The 1.2x bar (README, "The 1.2x bar"): 39 questions, three rounds each, the best combinations beside
+# The 1.2x bar (docs/drafters.md, "The 1.2× bar"): 39 questions, three rounds each, the best combinations beside
 # self · sequential · confidence; report.md's side-by-side tables give the ratios (no peers, ~15 minutes).
 bench-bar: setup $(BUNDLE)/manifest.json
 	$(BIN)/specexport bench --bundle $(BUNDLE) --out reports/bar --modes self,lookup,auto --tree $(BENCH_TREES) \
