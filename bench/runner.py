@@ -98,10 +98,11 @@ def make_systems(session: Session, cfg: BenchConfig, threads: int,
                  log: Callable[[str], None] = print) -> tuple[list[System], dict[str, str]]:
     """The systems to run, reference first, and those known already not to run (name -> reason).
     PEARL's systems share the session: pearl_threads gives every piece all `threads`, and a run with
-    PEARL opens the pieces with pools of their own (runtime/cli_bench.py)."""
+    PEARL opens the pieces with pools of their own (cli/bench.py)."""
+    from ..runtime.assemble import MODES as LOOPS
+    from ..runtime.assemble import resolve_mode
     from ..runtime.pearl import pearl_threads
     from ..runtime.policies import GOODPUT_MODES
-    from ..runtime.session import LOOPS
 
     skipped: dict[str, str] = {}
     systems: list[System] = [SpecExportSystem(session, "ar", threads)]
@@ -115,7 +116,7 @@ def make_systems(session: Session, cfg: BenchConfig, threads: int,
             pearl = schedule == "pearl"
             system = SpecExportSystem(session, mode, threads, schedule, policy, note=pearl_note if pearl else None)
             try:
-                session.resolve_mode(mode)
+                resolve_mode(session, mode)
                 runs = mode
                 if pearl:
                     from ..runtime.pearl import pearl_mode
@@ -133,7 +134,7 @@ def make_systems(session: Session, cfg: BenchConfig, threads: int,
     for tree in cfg.trees or []:
         system = SpecExportSystem(session, "model", threads, tree=tree)
         try:
-            session.resolve_mode("model")
+            resolve_mode(session, "model")
         except SpecExportError as exc:
             skipped[system.name] = str(exc)
             continue

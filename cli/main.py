@@ -12,18 +12,22 @@ import click
 
 from ..runtime.choices import MODES, SCHEDULES, VERIFY_RULES
 from ..runtime.errors import SpecExportError
+from ..runtime.options import OptionError
 from . import process
-from .process import fail
+from .process import EXIT_USAGE, fail
 
 
 class Group(click.Group):
-    """Turns SpecExportError (and any other failure) into one sentence and exit code 1."""
+    """Turns SpecExportError (and any other failure) into one sentence and exit code 1; a bad option value
+    (OptionError) into one sentence and exit code 2, as click's own usage errors."""
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
             raise
+        except OptionError as exc:
+            fail(str(exc), EXIT_USAGE)
         except SpecExportError as exc:
             fail(str(exc))
         except KeyboardInterrupt:
@@ -253,9 +257,14 @@ def generate(prompt, bundle, max_new_tokens, mode, temperature, top_k, top_p, se
              eta, policy, schedule, drafter, hierarchy, verify, beta, tau, tree, stats, as_json, backend, threads,
              providers) -> None:
     """Generate from PROMPT ('-' reads stdin); text streams to stdout, stats and errors to stderr."""
+    from ..runtime.options import make_options
     from ..runtime.session import load
 
     mode = "model" if tree and not (mode or drafter or hierarchy) else generate_mode(mode, drafter, hierarchy)
+    opts = dict(max_new_tokens=max_new_tokens, mode=mode, temperature=temperature, top_k=top_k, top_p=top_p,
+                seed=seed, stop=list(stop), system=system, chat=not raw, gamma=gamma, eta=eta,
+                policy=policy, schedule=schedule, verify=verify, beta=beta, tau=tau, tree=tree)
+    make_options({}, opts)  # a bad option is refused before the bundle loads (the bundle's limits: below)
     if prompt == "-":
         prompt = sys.stdin.read()
     pieces_threads = threads
@@ -268,20 +277,18 @@ def generate(prompt, bundle, max_new_tokens, mode, temperature, top_k, top_p, se
 
         use_shared_thread_pool(threads)  # one warm thread pool for all pieces
     session = load(bundle, backend=backend, providers=list(providers) or None, threads=pieces_threads)
-    opts = dict(max_new_tokens=max_new_tokens, mode=mode, temperature=temperature, top_k=top_k, top_p=top_p,
-                seed=seed, stop=list(stop), system=system, chat=not raw, gamma=gamma, eta=eta,
-                policy=policy, schedule=schedule, verify=verify, beta=beta, tau=tau, tree=tree)
+    request = session.stream(prompt, **opts)
     if as_json:
-        result = session.generate(prompt, **opts)
+        result = request.generation()
         click.echo(json.dumps({"text": result.text, "tokens": result.tokens, "finish_reason": result.finish_reason,
                                "lossy": result.lossy, "stats": result.stats.as_dict()}))
     else:
-        for delta in session.stream(prompt, **opts):
+        for delta in request:
             click.echo(delta, nl=False)
             sys.stdout.flush()
         click.echo()
     if stats or not as_json:
-        click.echo(session.last_stats.summary(), err=True)
+        click.echo(request.stats.summary(), err=True)
 
 
 @main.command()

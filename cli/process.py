@@ -7,6 +7,7 @@ import sys
 import click
 
 EXIT_FAILURE = 1
+EXIT_USAGE = 2  # a bad option value, as click exits on its own usage errors
 
 # Set by `entry()`, the console script: only a process of its own may switch ONNX Runtime to one shared
 # thread pool, which it then imposes on every session. Embedded (click's test runner, an application
@@ -14,6 +15,6 @@ EXIT_FAILURE = 1
 OWNS_PROCESS = False
 
 
-def fail(message: str) -> None:
+def fail(message: str, code: int = EXIT_FAILURE) -> None:
     click.echo(f"error: {message}", err=True)
-    sys.exit(EXIT_FAILURE)
+    sys.exit(code)

@@ -1,12 +1,13 @@
 """specexport runtime: load a bundle and run (speculative) decoding with numpy, onnxruntime, tokenizers.
 
-    from .. import load
+    from specexport.runtime import load
     session = load("bundles/smollm2")
     for text in session.stream("Explain how a hash table works.", max_new_tokens=128):
         print(text, end="")
 """
 
 from .errors import SpecExportError
-from .session import Generation, Session, load
+from .options import OptionError, Options
+from .session import Generation, Session, TextStream, load
 
-__all__ = ["Generation", "Session", "SpecExportError", "load"]
+__all__ = ["Generation", "OptionError", "Options", "Session", "SpecExportError", "TextStream", "load"]

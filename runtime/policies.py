@@ -209,14 +209,9 @@ POLICY_NAMES = ("fixed", "confidence", "entropy", "goodput")
 POLICY_FORMS = "fixed[:GAMMA], confidence[:ETA], entropy[:LAMBDA] or goodput[:GAMMA_MAX]"
 
 
-def make_policy(spec: str | None, gamma: int, eta: float,
-                cost: Callable[[int], CostModel] | None = None) -> DraftPolicy:
-    """A policy from its command-line form: fixed[:GAMMA], confidence[:ETA], entropy[:LAMBDA] or
-    goodput[:GAMMA_MAX] (None: confidence).
-
-    `gamma` and `eta` are the bundle's (or the user's) defaults (gamma is also entropy's and goodput's most
-    drafts per step); `cost(gamma_max)` returns the cost model goodput needs (measured once, when first
-    asked for)."""
+def parse_policy(spec: str | None, gamma: int, eta: float) -> tuple[str, int | float]:
+    """(name, its number) from a policy's command-line form, range-checked; the number defaults to the
+    bundle's (or the user's) gamma or eta."""
     name, _, arg = (spec or "confidence").strip().partition(":")
     if name not in POLICY_NAMES:
         raise SpecExportError(f"unknown draft-length policy {name!r}; use {POLICY_FORMS}")
@@ -228,21 +223,39 @@ def make_policy(spec: str | None, gamma: int, eta: float,
     if name == "fixed":
         n = gamma if value is None else value
         _check(n >= 0, spec, "GAMMA must be 0 or more (0: no drafting)")
-        return FixedPolicy(n)
+        return name, n
     if name == "confidence":
         threshold = eta if value is None else value
         _check(0.0 <= threshold <= 1.0, spec, "ETA is a probability, between 0 and 1")
-        return ConfidencePolicy(gamma, threshold)
+        return name, threshold
     if name == "entropy":
         lam = ENTROPY_LAMBDA if value is None else value
         _check(lam < 1.0, spec, "LAMBDA bounds an acceptance probability, so it must be below 1")
-        return EntropyPolicy(gamma, lam)
+        return name, lam
     gamma_max = gamma if value is None else value
     _check(gamma_max >= 1, spec, "GAMMA_MAX must be at least 1")
+    return name, gamma_max
+
+
+def make_policy(spec: str | None, gamma: int, eta: float,
+                cost: Callable[[int], CostModel] | None = None) -> DraftPolicy:
+    """A policy from its command-line form: fixed[:GAMMA], confidence[:ETA], entropy[:LAMBDA] or
+    goodput[:GAMMA_MAX] (None: confidence).
+
+    `gamma` and `eta` are the bundle's (or the user's) defaults (gamma is also entropy's and goodput's most
+    drafts per step); `cost(gamma_max)` returns the cost model goodput needs (measured once, when first
+    asked for)."""
+    name, value = parse_policy(spec, gamma, eta)
+    if name == "fixed":
+        return FixedPolicy(int(value))
+    if name == "confidence":
+        return ConfidencePolicy(gamma, float(value))
+    if name == "entropy":
+        return EntropyPolicy(gamma, float(value))
     if cost is None:
         raise SpecExportError("the goodput policy needs a cost model of the pieces, which only a loaded session"
                               " measures; use it through Session.generate or pass cost=")
-    return GoodputPolicy(gamma_max, cost(gamma_max))
+    return GoodputPolicy(int(value), cost(int(value)))
 
 
 def _check(ok: bool, spec: str | None, why: str) -> None:

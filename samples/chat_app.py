@@ -20,10 +20,11 @@ def main(argv: list[str]) -> int:
     session = load(argv[0])
     prompts = [line.strip() for line in sys.stdin if line.strip()] if argv[1] == "-" else argv[1:]
     for prompt in prompts:
-        for text in session.stream(prompt, max_new_tokens=64):
+        request = session.stream(prompt, max_new_tokens=64)
+        for text in request:
             print(text, end="", flush=True)
         print()
-        print(session.last_stats.summary(), file=sys.stderr)
+        print(request.stats.summary(), file=sys.stderr)
     return 0
 
 

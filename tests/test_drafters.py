@@ -555,8 +555,8 @@ def test_auto_follows_a_new_winner_within_the_longest_interval():
 
 
 def test_auto_takes_its_tree_from_the_recipe_for_the_bundles_precision(session):
+    from specexport.runtime.assemble import auto_tree
     from specexport.runtime.errors import SpecExportError
-    from specexport.runtime.session import auto_tree
     from specexport.runtime.tree import AUTO_TREE
 
     saved = session.speculative

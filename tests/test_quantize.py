@@ -89,7 +89,7 @@ def test_self_speculative_equals_ar_of_the_same_quantized_bundle(quantized_bundl
         ar = session.generate(prompt, mode="ar", max_new_tokens=40)
         spec = session.generate(prompt, mode="self", max_new_tokens=40)
         assert spec.tokens == ar.tokens, prompt
-        assert session.last_stats.drafted > 0
+        assert spec.stats.drafted > 0
 
 
 def test_mispacked_weights_fail_parity_naming_the_piece(tmp_path, tiny_checkpoint, monkeypatch):

@@ -232,7 +232,9 @@ def test_pearl_with_the_drafter_piece_follows_the_target(bundle):
     session = load(bundle, threads=1)  # PEARL: a pool per piece (the module's session is not shared anyway)
     pvalues, total, _ = sample_runs(session, SamplingParams(0.8), ("model",), mode="model", schedule="pearl",
                                     policy="fixed:3")
-    assert session.last_stats.extra["schedule"] == "pearl" and session.last_stats.mode == "model, pearl"
+    last = session.generate(PROMPT, max_new_tokens=8, temperature=0.8, mode="model", schedule="pearl",
+                            policy="fixed:3").stats
+    assert last.extra["schedule"] == "pearl" and last.mode == "model, pearl"
     assert_lossless(pvalues, total)
 
 

@@ -359,7 +359,7 @@ def test_generate_command_with_pearl_and_goodput(tiny_bundles):
     assert result["tokens"] == json.loads(ar.stdout)["tokens"]
     assert result["stats"]["extra"]["schedule"] == "pearl" and result["stats"]["mode"] == "self, pearl"
     bad = run_cli("generate", "--bundle", bundle, "--policy", "entropy:2", "hash table")
-    assert bad.returncode == 1 and "error: policy 'entropy:2' is out of range" in bad.stderr
+    assert bad.returncode == 2 and "error: policy 'entropy:2' is out of range" in bad.stderr  # a usage error
 
 
 # -- an independent drafter (the `drafter` piece) under PEARL -------------------------------------------------

@@ -1,0 +1,153 @@
+"""The one place a request's decoder is assembled: its options and the session's pieces become a drafter, a
+draft-length policy, a verification rule and a schedule, and `decoder` returns the loop that runs them.
+
+    mode      drafter (who proposes tokens)                     policy         verify        schedule
+    ar        none: one target call per token (decode.py)       -              -             -
+    self      shallow + adapter (Kangaroo)                      --policy       --verify      --schedule
+    model     the drafter piece, or a token tree with --tree    --policy       exact / tree  sequential
+    lookup    prompt lookup (copies earlier text)               its own cap    --verify      --schedule
+    hier      the drafter, screened by the adapter              --policy       --verify      --schedule
+    auto      per step, the drafter that promises most tokens/s --policy       --verify      --schedule
+
+auto chooses between: greedy, exact verification, and a bundle whose pieces take token trees → the drafter's
+tree (the recipe's shape for the bundle's precision) against prompt lookup alone. The tree beat every chain
+side by side on Spec-Bench, and offering chains as well only cost steps spent re-learning that (BENCHMARKS.md).
+Sampling, or a relaxed rule, or older pieces → the chains the bundle has (adapter, drafter) against lookup.
+What auto learns carries over between the requests of a session, per set of choices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .decode import autoregressive
+from .drafters import (
+    LOOKUP_MAX_TOKENS,
+    AutoDrafter,
+    AutoMemory,
+    Drafter,
+    HierDrafter,
+    LookupDrafter,
+    ModelDrafter,
+    SelfDrafter,
+)
+from .errors import SpecExportError
+from .options import Options
+from .pearl import pearl_loop
+from .policies import DraftPolicy, make_policy
+from .sampling import SamplingParams
+from .speculative import speculative
+from .stats import Stats
+from .tree import AUTO_TREE, TreeDrafter, TreeShape, trees_supported
+from .verification import make_verify
+
+if TYPE_CHECKING:
+    from .session import Session
+
+MODE_PIECES = {"self": ("adapter",), "model": ("drafter",), "hier": ("drafter", "adapter")}
+PIECE_FIXES = {"adapter": "an adapter (`specexport build --adapter auto`)",
+               "drafter": "a drafter (`specexport build --drafter DIR`, a same-tokenizer checkpoint)"}
+
+
+def decoder(session: Session, opts: Options, ids: list[int], params: SamplingParams, rng: np.random.Generator,
+            stats: Stats) -> Iterator[list[int]]:
+    """The tokens of one request, a list per step, from the loop its options ask for."""
+    mode = resolve_mode(session, opts.mode)
+    pieces, context = session.pieces, session.bundle.max_context
+    if mode == "ar":
+        if opts.verify != "exact":
+            raise SpecExportError(f"--verify {opts.verify} judges drafts, and --mode ar drafts nothing; use a"
+                                  " speculative mode such as --mode auto")
+        return autoregressive(pieces, ids, params, rng, stats)
+    if opts.tree:
+        drafter = tree_drafter(session, mode, opts, params)
+        stats.mode = f"model-tree{opts.tree}"
+        return speculative(pieces, drafter, draft_policy(session, opts, mode), ids, params, rng, stats, context)
+    if opts.schedule == "pearl":  # the drafter on a thread of its own beside the target (pearl.py)
+        return pearl_loop(pieces, mode, opts, lambda m: draft_policy(session, opts, m), ids, params, rng, stats,
+                          context)
+    stats.mode = mode
+    stats.lossy = opts.verify != "exact"
+    return speculative(pieces, DRAFTERS[mode](session, opts, stats), draft_policy(session, opts, mode), ids,
+                       params, rng, stats, context, accept=make_verify(opts.verify, params, opts.beta, opts.tau))
+
+
+def resolve_mode(session: Session, mode: str) -> str:
+    """`mode` when the bundle has the pieces it needs; otherwise one sentence on how to get them."""
+    if mode != "ar" and mode not in DRAFTERS:
+        raise SpecExportError(f"unknown mode {mode!r}; use one of ar, {', '.join(DRAFTERS)}")
+    missing = [p for p in MODE_PIECES.get(mode, ()) if getattr(session.pieces, p, None) is None]
+    if missing:
+        raise SpecExportError(f"bundle {session.bundle.root} has no {' or '.join(missing)} piece, so --mode {mode}"
+                              f" is not available; rebuild it with {' and '.join(PIECE_FIXES[p] for p in missing)},"
+                              " or use --mode auto (it uses what the bundle has)")
+    return mode
+
+
+def draft_policy(session: Session, opts: Options, mode: str = "self") -> DraftPolicy:
+    spec = session.speculative
+    gamma = opts.gamma if opts.gamma is not None else int(spec.get("gamma", 6))
+    eta = opts.eta if opts.eta is not None else float(spec.get("eta", 0.6))
+    return make_policy(opts.policy, gamma, eta, cost=lambda gamma_max: session.cost_model(mode, gamma_max))
+
+
+def tree_drafter(session: Session, mode: str, opts: Options, params: SamplingParams) -> TreeDrafter:
+    if mode != "model":
+        raise SpecExportError(f"--tree grows its trees with the bundle's drafter piece, so it needs --mode model"
+                              f" (not {mode})")
+    if opts.schedule != "sequential" or opts.verify != "exact" or opts.policy:
+        raise SpecExportError("--tree sets its own draft shape and verifies exactly: drop --schedule, --verify and"
+                              " --policy, or drop --tree")
+    if not params.greedy:
+        raise SpecExportError("--tree verifies greedy decoding only; drop --temperature (or set it to 0),"
+                              " or drop --tree")
+    if not trees_supported(session.pieces):
+        raise SpecExportError(f"bundle {session.bundle.root} predates token trees (its pieces take no"
+                              " attention_bias); rebuild it with `specexport build` to use --tree")
+    return TreeDrafter(session.pieces, TreeShape.parse(opts.tree), session.bundle.max_context)
+
+
+def auto_tree(session: Session) -> TreeShape:
+    """auto's tree for the bundle's precision: the recipe's [speculative.auto_tree] (measured per precision,
+    recipes/smollm2-135m.toml), else AUTO_TREE."""
+    shapes = session.speculative.get("auto_tree", {})
+    precision = session.bundle.manifest.get("graph", {}).get("precision", "fp32")
+    if not isinstance(shapes, dict) or precision not in shapes:
+        return AUTO_TREE
+    try:
+        return TreeShape.parse(shapes[precision])
+    except SpecExportError:
+        raise SpecExportError(f"bundle {session.bundle.root}: speculative.auto_tree.{precision} in its manifest,"
+                              f" {shapes[precision]!r}, is not a tree shape (NODES[:DEPTH[:WIDTH[:LOOKUP[:KEEP"
+                              "[:EXPAND]]]]]); rebuild the bundle or fix the recipe") from None
+
+
+def _lookup(session: Session, opts: Options) -> LookupDrafter:
+    # lookup drafts cost nothing, so it takes its own cap, not the bundle's gamma (an explicit --gamma wins)
+    return LookupDrafter(session.pieces.vocab_size, session.bundle.max_context, opts.gamma or LOOKUP_MAX_TOKENS)
+
+
+def _auto(session: Session, opts: Options, stats: Stats) -> AutoDrafter:
+    p = session.pieces
+    greedy = SamplingParams(opts.temperature, opts.top_k, opts.top_p).greedy
+    if greedy and opts.verify == "exact" and trees_supported(p):
+        drafters: list[Drafter] = [TreeDrafter(p, auto_tree(session), session.bundle.max_context)]
+    else:
+        drafters = [SelfDrafter(p)] if p.adapter is not None else []
+        drafters += [ModelDrafter(p)] if p.drafter is not None else []
+    memory = session.auto_memory.setdefault(tuple(d.name for d in drafters), AutoMemory({}))
+    return AutoDrafter(drafters, _lookup(session, opts), stats, memory=memory)
+
+
+# mode -> its drafter, made per request from (session, options, stats)
+DRAFTERS: dict[str, Callable[[Session, Options, Stats], Drafter]] = {
+    "self": lambda session, opts, stats: SelfDrafter(session.pieces),
+    "model": lambda session, opts, stats: ModelDrafter(session.pieces),
+    "lookup": lambda session, opts, stats: _lookup(session, opts),
+    "hier": lambda session, opts, stats: HierDrafter(session.pieces, stats),
+    "auto": _auto,
+}
+MODES = ("ar", *DRAFTERS)
