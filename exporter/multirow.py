@@ -6,7 +6,7 @@ every accuracy level. The two paths round the last bit differently, while calls 
 bit for bit row by row (measured). In fp32 that stays ~1e-6 in the logits; int8 activations
 (accuracy_level 4) turn such a bit into a different rounding step and, after 28 layers, into logit
 differences of ~1: verifying k drafts in one call would disagree with k one-token AR calls, and a
-speculative mode would drift from AR (measured: 7 of 8 prompts differed within 128 tokens at int8).
+speculative mode would drift from AR within a few dozen tokens at int8 (BENCHMARKS.md).
 
 So a one-row call gets a copy of its row appended at the piece's input and every op sees two rows; the
 copy is dropped from the outputs. In ONNX Runtime's graphs it takes the next position and cache slot,

@@ -26,10 +26,10 @@ from ..runtime.errors import SpecExportError
 from .onnx_builder import MS_DOMAIN
 
 BITS = {"int4": 4, "int8": 8}
-# Measured on SmolLM2-135M (teacher-forced top-1 agreement with fp32 on its own greedy responses, 1,231
-# positions; AR tokens/s on the 2-core dev machine): int4 asymmetric 75.6% vs symmetric 72.1% at the same
-# speed; block 64 gave +5% speed for -7 points, so blocks of 32. At 8 bits ONNX Runtime's int8 activations
-# dominate the error (96.9% symmetric, 97.2% asymmetric, within noise): symmetric, no zero points to store.
+# Chosen by teacher-forced agreement with fp32 and AR speed on SmolLM2-135M (BENCHMARKS.md, "int4 / int8
+# weight-only quantization variants"): at int4 zero points buy agreement at no speed cost, and blocks of 64
+# lose more agreement than they gain speed, so blocks of 32. At 8 bits ONNX Runtime's int8 activations
+# dominate the error whatever the weights do: symmetric, no zero points to store.
 DEFAULTS = {"int4": {"symmetric": False}, "int8": {"symmetric": True}}
 LM_HEAD = "lm_head"  # the initializer name llama_graph gives the LM head of `deep` and `adapter`
 
@@ -42,8 +42,8 @@ class QuantSpec:
     block_size: int = 32
     symmetric: bool = True
     accuracy_level: int = 4  # 4: int8 activations and integer dot products in ORT's CPU kernel
-    # the LM head is ~20% of the weights read per token: an fp32 head cost 30% of int4's AR speed (80 vs 113
-    # tokens/s) for +4 points of agreement, which the error-minimising scales below also buy, at no cost
+    # the LM head is ~20% of the weights read per token: an fp32 head cost a third of int4's AR speed for the
+    # agreement that the error-minimising scales below also buy, at no cost
     lm_head: bool = True
     search: bool = True  # per block, the scale of least squared error rather than plain min-max
 

@@ -57,9 +57,8 @@ DRAFTER_PIECES = ("shallow", "adapter", "drafter")
 def pearl_threads(total: int) -> dict[str, int]:
     """Intra-op threads per piece when drafter and verifier run side by side on `total` cores: every piece
     gets them all. The drafter is idle most of the time (its window fills long before `deep` returns), so
-    splitting the cores starves `deep` more than sharing them slows it: on 2 cores (SmolLM2-135M, fp32,
-    4-8 prompts x 64-96 tokens, interleaved with AR, on a machine busy with other jobs) deep+drafter
-    threads 2+2 ran at 0.75-0.95x AR, 2+1 at 0.65-0.76x, 1+1 at 0.63-0.68x."""
+    splitting the cores starves `deep` more than sharing them slows it (on 2 cores every split ran slower
+    than sharing; BENCHMARKS.md)."""
     n = max(1, total)
     return {"deep": n, **dict.fromkeys(DRAFTER_PIECES, n)}
 

@@ -91,11 +91,8 @@ class ConfidencePolicy(_GammaBudget):
 
 
 # AdaEDL's scale of the entropy in its bound (only (1 - lambda)^2 / scale matters: the entropy in nats
-# above which drafting stops, 0.31 here) and lambda from a sweep on the default bundle (SmolLM2-135M, its
-# trained adapter, gamma 3, six prompts x 96 tokens): 0.3 / 0.5 / 0.6 / 0.75 / 0.9 drafted 1.30 / 1.12 /
-# 1.08 / 1.05 / 1.01 tokens per step for tau 1.35 / 1.33 / 1.32 / 1.32 / 1.30, worth 45.3 / 46.2 / 46.4 /
-# 46.6 / 46.4 tokens/s by the measured costs of the pieces (confidence 0.65: 46.0); the wall clock of that
-# busy machine could not tell them apart.
+# above which drafting stops, 0.31 here) and lambda, the best of a sweep on the default bundle by the
+# pieces' measured costs (BENCHMARKS.md, 2026-11-23: figures that were in code comments).
 ENTROPY_SCALE = 0.2
 ENTROPY_LAMBDA = 0.75
 

@@ -20,10 +20,10 @@ def use_shared_thread_pool(threads: int | None = None) -> None:
 
     The pieces run one after another, never together, so one pool serves them all: its threads stay
     warm from one piece's call to the next, where a pool per session must wake sleeping threads on
-    every call (int4, 128 tokens, side by side: 160 vs 124 tokens/s; fp32 is memory-bound and does not
-    notice). ONNX Runtime then requires *every* session of the process to use that pool, including ones
-    opened outside specexport, so this is for processes that own ONNX Runtime (the `specexport`
-    commands call it); call it before opening any session."""
+    every call (it matters at int4; fp32 is memory-bound and does not notice). ONNX Runtime then requires
+    *every* session of the process to use that pool, including ones opened outside specexport, so this is
+    for processes that own ONNX Runtime (the `specexport` commands call it); call it before opening any
+    session."""
     global _shared_pool_threads
     threads = threads or os.cpu_count() or 1
     if _shared_pool_threads is None:
@@ -41,7 +41,6 @@ def session_options(threads: int | None = None) -> ort.SessionOptions:
     opts.intra_op_num_threads = threads or os.cpu_count() or 1
     opts.inter_op_num_threads = 1
     # pools of their own that spin would steal the cores from the piece that is running
-    # (measured: 40 ms vs 24 ms per token)
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return opts
 
@@ -83,7 +82,7 @@ class OrtPiece:
             self._arrays.append(arrays)
         # results go into arrays made for each call, shaped from the manifest's named axes (`seq`: the call's
         # tokens, `kept`: the logits' rows); reading them back through get_outputs would wrap every cache
-        # too (0.8 ms a `deep` call, measured)
+        # too, at a cost that showed in the profile (BENCHMARKS.md)
         self._result_specs = [(t.name, np.dtype(t.dtype), t.shape) for t in self.outputs if t.name in self.result_names]
         self._shaped = all(isinstance(d, int) or d in _AXES for _, _, shape in self._result_specs for d in shape)
         if self.kv_mode == "shared":
