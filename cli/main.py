@@ -118,6 +118,12 @@ EXTRA_DATA = click.option("--extra-data", multiple=True, type=click.Path(path_ty
                           " (tools/experiments/genai_distill.py). Repeatable.")
 
 
+TRAIN_DEVICE = click.option(
+    "--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+    help="Where distillation and training run: auto takes a CUDA GPU when PyTorch sees one (bf16 or fp16"
+         " autocast, fp32 weights), else the CPU (fp32).")
+
+
 @main.command("train-adapter")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Directory for the trained adapter.")
 @click.option("--recipe", default=None, help="Recipe whose [adapter.train] settings are the defaults.")
@@ -132,9 +138,10 @@ EXTRA_DATA = click.option("--extra-data", multiple=True, type=click.Path(path_ty
 @click.option("--draft-vocab", type=int, default=None, help="FR-Spec: the draft head keeps only the N most frequent"
               " tokens of the distilled responses (0 = the full vocabulary). Default: the recipe's.")
 @click.option("--seed", type=int, default=None, help="Seed for data order and initialisation.")
+@TRAIN_DEVICE
 @EXTRA_DATA
 def train_adapter_cmd(out, recipe, model, exit_layer, arch, steps, lr, prompt_limit, max_new_tokens, draft_vocab,
-                      seed, extra_data) -> None:
+                      seed, device, extra_data) -> None:
     """Train a Kangaroo adapter by self-distillation: the target answers the shipped training prompts
     (recipes/data/train_prompts.jsonl; never Spec-Bench), then the adapter learns the target's
     next-token distribution from h_l. Resumable; held-out agreement is printed and saved."""
@@ -145,7 +152,7 @@ def train_adapter_cmd(out, recipe, model, exit_layer, arch, steps, lr, prompt_li
                               " `pip install 'specexport[export]'`") from None
     meta = train_adapter_command(out, recipe=recipe, model=model, exit_layer=exit_layer, arch=arch, steps=steps,
                                  lr=lr, prompt_limit=prompt_limit, max_new_tokens=max_new_tokens,
-                                 draft_vocab=draft_vocab, seed=seed, extra_data=extra_data,
+                                 draft_vocab=draft_vocab, seed=seed, device=device, extra_data=extra_data,
                                  command=_command())
     click.echo(f"wrote {out}: held-out top-1 agreement {meta['heldout']['agreement']:.1%} (before training"
                f" {meta['heldout_before']['agreement']:.1%}, raw early exit {meta['raw_exit_agreement']:.1%})",
@@ -166,9 +173,10 @@ def train_adapter_cmd(out, recipe, model, exit_layer, arch, steps, lr, prompt_li
               " frequent tokens of the distilled responses (0 = the full vocabulary). Default: the recipe's.")
 @click.option("--seed", type=int, default=None, help="Seed for data order and initialisation.")
 @click.option("--threads", type=int, default=None, help="Torch threads (default: recipe, 1; 0 = all cores).")
+@TRAIN_DEVICE
 @EXTRA_DATA
 def train_drafter_cmd(out, recipe, model, layers, hidden, steps, lr, prompt_limit, draft_vocab, seed,
-                      threads, extra_data) -> None:
+                      threads, device, extra_data) -> None:
     """Distil a small independent drafter (SpecDec's Spec-Drafter, autoregressive) from the target on its
     own responses to the shipped training prompts (never Spec-Bench). It reuses the target's frozen
     embeddings through learned projections. Resumable; held-out agreement is printed and saved."""
@@ -179,7 +187,7 @@ def train_drafter_cmd(out, recipe, model, layers, hidden, steps, lr, prompt_limi
                               " `pip install 'specexport[export]'`") from None
     meta = train_drafter_command(out, recipe=recipe, model=model, layers=layers, hidden=hidden, steps=steps, lr=lr,
                                  prompt_limit=prompt_limit, draft_vocab=draft_vocab, seed=seed, threads=threads,
-                                 extra_data=extra_data, command=_command())
+                                 device=device, extra_data=extra_data, command=_command())
     click.echo(f"wrote {out}: held-out top-1 agreement {meta['heldout']['agreement']:.1%} (before training"
                f" {meta['heldout_before']['agreement']:.1%}; {meta['parameters'] / 1e6:.1f}M parameters)", err=True)
 

@@ -22,7 +22,7 @@ def distilled_sequences(checkpoint: Path, target_sha: str, settings: dict) -> li
     prompts = _prompts(settings)
     data_dir = _data_dir(target_sha, len(prompts), settings)
     generate_responses(checkpoint, prompts, data_dir, max_new_tokens=int(settings.get("max_new_tokens", 192)),
-                       batch_size=int(settings.get("batch_size", 16)))
+                       batch_size=int(settings.get("batch_size", 16)), device=settings.get("device", "auto"))
     return load_sequences(data_dir)
 
 
@@ -51,7 +51,7 @@ def train_for_target(model, checkpoint: Path, target_sha: str, exit_layer: int, 
     cfg = TrainConfig(exit_layer=exit_layer, **{k: v for k, v in settings.items() if k in fields and k != "exit_layer"})
     extra, note = extra_sequences(extra_data, target_sha, settings, cfg)  # the base responses exist by now
     train(model, sequences, cfg, out_dir, target_sha, command=command, data=describe_data(sequences, settings) + note,
-          extra=extra)
+          extra=extra, device=settings.get("device", "auto"))
     return out_dir
 
 

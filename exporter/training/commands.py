@@ -8,6 +8,7 @@ from ...runtime.errors import SpecExportError
 from .. import model_source
 from ..recipe import load_recipe
 from .adapter_source import train_for_target, train_settings
+from .device import resolve_device
 
 
 def _target(cfg: dict, model: str | None) -> model_source.ModelSource:
@@ -32,6 +33,7 @@ def train_adapter_command(out: Path, recipe: str | None = None, model: str | Non
     from .fit_adapter import META_FILE
 
     _check_extra_data(extra_data)
+    resolve_device(overrides.get("device"))  # a GPU asked for and missing: refused before any work
     cfg = load_recipe(recipe)
     source = _target(cfg, model)
     settings = train_settings(cfg)
@@ -63,6 +65,7 @@ def train_drafter_command(out: Path, recipe: str | None = None, model: str | Non
     from .fit_drafter import train_drafter
 
     _check_extra_data(extra_data)
+    resolve_device(overrides.get("device"))
     cfg = load_recipe(recipe)
     source = _target(cfg, model)
     settings, train_cfg = drafter_settings(cfg, overrides)
@@ -72,5 +75,5 @@ def train_drafter_command(out: Path, recipe: str | None = None, model: str | Non
     extra, note = extra_sequences(extra_data, source.origin_sha256, settings, train_cfg)
     return train_drafter(torch_model, sequences, train_cfg, Path(out), source.origin_sha256,
                          command=command, feature_layer=int(cfg["export"].get("exit_layer", 2)),
-                         data=data + note, extra=extra)
+                         data=data + note, extra=extra, device=settings.get("device", "auto"))
 

@@ -118,10 +118,12 @@ def generate_responses(
     shard_size: int = 256,
     seed: int = 0,
     threads: int | None = None,
+    device: str | None = "auto",
 ) -> Path:
     """Generate the model's greedy response to every prompt and write token shards to ``out_dir``.
 
     ``prompts`` are dicts with ``id`` and ``prompt``. Existing shards are kept (resume). Returns ``out_dir``.
+    ``device``: auto | cpu | cuda (batched generation under autocast on a GPU).
     """
     import torch
     from tqdm import tqdm
@@ -151,7 +153,10 @@ def generate_responses(
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    from .device import resolve_device
+
+    dev = resolve_device(device)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(dev.torch)
     model.eval()
     eos_ids = _eos_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
@@ -173,10 +178,10 @@ def generate_responses(
             enc = tokenizer(
                 [texts[i] for i in rows], add_special_tokens=False, padding=True, return_tensors="pt"
             )
-            with torch.inference_mode():
+            with torch.inference_mode(), dev.autocast():
                 out = model.generate(
-                    input_ids=enc["input_ids"],
-                    attention_mask=enc["attention_mask"],
+                    input_ids=enc["input_ids"].to(dev.torch),
+                    attention_mask=enc["attention_mask"].to(dev.torch),
                     do_sample=False,
                     max_new_tokens=max_new_tokens,
                     pad_token_id=pad_id,
@@ -186,7 +191,7 @@ def generate_responses(
             for r, i in enumerate(rows):
                 mask = enc["attention_mask"][r].bool()
                 prompt_ids = enc["input_ids"][r][mask].tolist()
-                response = _cut_after_eos(out[r, width:].tolist(), eos_ids)
+                response = _cut_after_eos(out[r, width:].cpu().tolist(), eos_ids)
                 results[i] = (prompt_ids + response, len(prompt_ids))
                 resp_tokens += len(response)
             bar.update(len(rows))

@@ -8,6 +8,7 @@ between the target's and the adapter's distributions on response tokens.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -26,6 +27,7 @@ from ...runtime.errors import SpecExportError
 from ...runtime.paths import cache_dir
 from ..hf_weights import dims_of
 from .adapter import Adapter, AdapterConfig
+from .device import Device, resolve_device
 
 ADAPTER_FILE = "adapter.safetensors"
 META_FILE = "adapter.json"
@@ -63,8 +65,9 @@ def _seq_digest(sequences: list[tuple[np.ndarray, int]]) -> str:
 
 
 def compute_features(model, sequences: list[tuple[np.ndarray, int]], exit_layer: int, target_sha: str,
-                     batch_tokens: int = 4096) -> Features:
-    """h_l and the final normed state for every token, cached by (target, data, l)."""
+                     batch_tokens: int = 4096, device: Device | None = None) -> Features:
+    """h_l and the final normed state for every token, cached by (target, data, l); the forward passes run on
+    `device` (the model's own when None)."""
     path = cache_dir("features") / f"{target_sha[:16]}-{_seq_digest(sequences)}-l{exit_layer}.npz"
     if path.is_file():
         z = np.load(path)
@@ -77,7 +80,11 @@ def compute_features(model, sequences: list[tuple[np.ndarray, int]], exit_layer:
     bar = tqdm(total=sum(len(s[0]) for s in sequences), desc=f"features (l={exit_layer})", unit="tok",
                unit_scale=True, file=sys.stderr, disable=None)
     i = 0
-    with torch.inference_mode():
+    if device is not None:
+        model.to(device.torch)
+    at = next(model.parameters()).device
+    autocast = device.autocast() if device is not None else contextlib.nullcontext()
+    with torch.inference_mode(), autocast:
         while i < len(order):
             batch = [order[i]]
             while i + len(batch) < len(order) and \
@@ -92,11 +99,12 @@ def compute_features(model, sequences: list[tuple[np.ndarray, int]], exit_layer:
                 ids[row, :n] = torch.as_tensor(sequences[j][0])
                 mask[row, :n] = 1
             # the decoder alone: the LM head's logits are not needed, and cost a fifth of the forward
-            out = model.model(ids, attention_mask=mask, output_hidden_states=True)
+            out = model.model(ids.to(at), attention_mask=mask.to(at), output_hidden_states=True)
+            exits, finals = out.hidden_states[exit_layer].float().cpu(), out.hidden_states[-1].float().cpu()
             for row, j in enumerate(batch):
                 n = len(sequences[j][0])
-                h_exit[j] = out.hidden_states[exit_layer][row, :n].numpy().astype(np.float16)
-                h_final[j] = out.hidden_states[-1][row, :n].numpy().astype(np.float16)
+                h_exit[j] = exits[row, :n].numpy().astype(np.float16)
+                h_final[j] = finals[row, :n].numpy().astype(np.float16)
                 bar.update(n)
     bar.close()
     offsets = np.cumsum([0] + [len(h) for h in h_exit])
@@ -109,14 +117,15 @@ def compute_features(model, sequences: list[tuple[np.ndarray, int]], exit_layer:
 
 
 def with_extra(model, sequences: list[tuple[np.ndarray, int]], extra: list[list[tuple[np.ndarray, int]]],
-               exit_layer: int, target_sha: str) -> tuple[list[tuple[np.ndarray, int]], Features, int]:
+               exit_layer: int, target_sha: str,
+               device: Device | None = None) -> tuple[list[tuple[np.ndarray, int]], Features, int]:
     """`sequences` followed by every training-only part of `extra`, their features (each part cached on its
     own, so adding a part never recomputes the others) and how many lead: held-out sequences are drawn
     from those alone."""
-    feats = compute_features(model, sequences, exit_layer, target_sha)
+    feats = compute_features(model, sequences, exit_layer, target_sha, device=device)
     pool = len(sequences)
     for part in extra:
-        more = compute_features(model, part, exit_layer, target_sha)
+        more = compute_features(model, part, exit_layer, target_sha, device=device)
         feats = Features(feats.h_exit + more.h_exit, feats.h_final + more.h_final,
                          np.concatenate([feats.prompt_lens, more.prompt_lens]))
         sequences = sequences + part
@@ -148,8 +157,8 @@ def cosine_lr(step: int, lr: float, warmup: int, steps: int) -> float:
     return lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, steps - warmup))))
 
 
-def _batch(feats: Features, idx: list[int]):
-    """Right-padded tensors and the positions whose next token is a response token."""
+def _batch(feats: Features, idx: list[int], device: torch.device | None = None):
+    """Right-padded tensors and the positions whose next token is a response token, on `device`."""
     width = max(len(feats.h_exit[j]) for j in idx)
     hidden = feats.h_exit[idx[0]].shape[1]
     h = torch.zeros(len(idx), width, hidden)
@@ -160,6 +169,8 @@ def _batch(feats: Features, idx: list[int]):
         h[row, :n] = torch.from_numpy(feats.h_exit[j].astype(np.float32))
         hf[row, :n] = torch.from_numpy(feats.h_final[j].astype(np.float32))
         target[row, max(int(feats.prompt_lens[j]) - 1, 0):n - 1] = True
+    if device is not None and device.type != "cpu":
+        return h.to(device, non_blocking=True), hf.to(device, non_blocking=True), target.to(device)
     return h, hf, target
 
 
@@ -202,11 +213,12 @@ def soft_ce(adapter: Adapter, lm_head: torch.Tensor, h, hf, target, vocab: torch
 
 @torch.no_grad()
 def evaluate(adapter: Adapter, lm_head, feats: Features, idx: list[int], tokens: int,
-             vocab: torch.Tensor | None = None) -> dict:
+             vocab: torch.Tensor | None = None, device: Device | None = None) -> dict:
     losses, agrees = [], []
     for batch in _batches(feats, idx, tokens, None):
-        h, hf, target = _batch(feats, batch)
-        loss, agree = soft_ce(adapter, lm_head, h, hf, target, vocab)
+        h, hf, target = _batch(feats, batch, lm_head.device)
+        with device.autocast() if device is not None else contextlib.nullcontext():
+            loss, agree = soft_ce(adapter, lm_head, h, hf, target, vocab)
         losses.append(float(loss) * len(agree))
         agrees.append(agree)
     agree = torch.cat(agrees)
@@ -218,7 +230,7 @@ def raw_exit_agreement(model, lm_head, feats: Features, idx: list[int], tokens: 
     """h_l straight into the final norm and LM head: the no-training baseline."""
     hits, total = 0, 0
     for batch in _batches(feats, idx, tokens, None):
-        h, hf, target = _batch(feats, batch)
+        h, hf, target = _batch(feats, batch, lm_head.device)
         raw = model.model.norm(h[target]) @ lm_head.T
         hits += int((raw.argmax(-1) == (hf[target] @ lm_head.T).argmax(-1)).sum())
         total += int(target.sum())
@@ -226,10 +238,11 @@ def raw_exit_agreement(model, lm_head, feats: Features, idx: list[int], tokens: 
 
 
 def train(model, sequences: list[tuple[np.ndarray, int]], cfg: TrainConfig, out_dir: Path, target_sha: str,
-          command: str = "", data: str = "", extra: list[list[tuple[np.ndarray, int]]] = ()) -> dict:
+          command: str = "", data: str = "", extra: list[list[tuple[np.ndarray, int]]] = (),
+          device: str | None = "auto") -> dict:
     """Trains, writes ``adapter.safetensors`` + ``adapter.json`` to out_dir, returns the metadata.
     Resumes from ``train_state.pt`` in out_dir when its config and data match. Held-out sequences are
-    drawn from `sequences` alone; each list in `extra` only trains."""
+    drawn from `sequences` alone; each list in `extra` only trains. `device`: auto | cpu | cuda."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if cfg.threads:
@@ -237,31 +250,36 @@ def train(model, sequences: list[tuple[np.ndarray, int]], cfg: TrainConfig, out_
     dims = dims_of(model.config, 16)
     if not 1 <= cfg.exit_layer <= dims.layers - 1:
         raise SpecExportError(f"exit layer {cfg.exit_layer} is outside 1..{dims.layers - 1} for this model")
-    sequences, feats, pool = with_extra(model, sequences, extra, cfg.exit_layer, target_sha)
+    dev = resolve_device(device)
+    sequences, feats, pool = with_extra(model, sequences, extra, cfg.exit_layer, target_sha, device=dev)
     held, train_idx, rng = split_holdout(pool, cfg.holdout, cfg.seed)
     train_idx += range(pool, len(sequences))
     counts = response_counts(sequences, train_idx, dims.vocab)  # training responses only
     vocab_ids = pruned_vocab(counts, cfg.draft_vocab)
-    vocab = None if vocab_ids is None else torch.from_numpy(vocab_ids)
+    vocab = None if vocab_ids is None else torch.from_numpy(vocab_ids).to(dev.torch)
 
     torch.manual_seed(cfg.seed)
+    model.cpu()  # the adapter starts from the target's weights on the host, then both move to the device
     rotary = model.model.rotary_emb
     adapter = Adapter(AdapterConfig.for_target(dims, cfg.exit_layer, cfg.arch), rotary.inv_freq.numpy(),
                       float(getattr(rotary, "attention_scaling", 1.0)))
     adapter.init_from_target(model)
+    adapter.to(dev.torch)
+    model.to(dev.torch)  # raw_exit_agreement runs its final norm
     lm_head = model.lm_head.weight.detach()
     opt = torch.optim.AdamW(adapter.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    scaler = dev.scaler()
     state_path = out_dir / "train_state.pt"
     step, history = 0, []
     if state_path.is_file():
-        state = torch.load(state_path, weights_only=False)
+        state = torch.load(state_path, weights_only=False, map_location=dev.torch)
         if state["config"] == asdict(cfg) and state["data"] == _seq_digest(sequences):
             adapter.load_state_dict(state["adapter"])
             opt.load_state_dict(state["optimizer"])
             step, history = state["step"], state["history"]
             rng = np.random.default_rng(state["rng_seed"])
 
-    before = evaluate(adapter, lm_head, feats, held, cfg.tokens_per_batch, vocab) if step == 0 else history[0]["eval"]
+    before = history[0]["eval"] if step else evaluate(adapter, lm_head, feats, held, cfg.tokens_per_batch, vocab, dev)
     if step == 0:
         history.append({"step": 0, "eval": before})
     bar = tqdm(total=cfg.steps, initial=step, desc="train adapter", unit="step", file=sys.stderr, disable=None)
@@ -272,17 +290,20 @@ def train(model, sequences: list[tuple[np.ndarray, int]], cfg: TrainConfig, out_
                 break
             for group in opt.param_groups:
                 group["lr"] = cosine_lr(step, cfg.lr, cfg.warmup, cfg.steps)
-            h, hf, target = _batch(feats, batch)
-            loss, agree = soft_ce(adapter, lm_head, h, hf, target, vocab, exact=False)
+            h, hf, target = _batch(feats, batch, dev.torch)
+            with dev.autocast():
+                loss, agree = soft_ce(adapter, lm_head, h, hf, target, vocab, exact=False)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
             torch.nn.utils.clip_grad_norm_(adapter.parameters(), 1.0)
-            opt.step()
+            scaler.step(opt)
+            scaler.update()
             step += 1
             bar.update()
             bar.set_postfix(loss=f"{loss.item():.3f}", top1=f"{float(agree.mean()):.1%}")
             if step % cfg.eval_every == 0 or step == cfg.steps:
-                ev = evaluate(adapter, lm_head, feats, held, cfg.tokens_per_batch, vocab)
+                ev = evaluate(adapter, lm_head, feats, held, cfg.tokens_per_batch, vocab, dev)
                 history.append({"step": step, "eval": ev})
                 bar.write(f"step {step}: held-out loss {ev['loss']:.3f}, top-1 agreement {ev['agreement']:.1%}",
                           file=sys.stderr)
@@ -290,7 +311,7 @@ def train(model, sequences: list[tuple[np.ndarray, int]], cfg: TrainConfig, out_
                             "optimizer": opt.state_dict(), "step": step, "history": history,
                             "rng_seed": int(rng.integers(1 << 31))}, state_path)
     bar.close()
-    final = evaluate(adapter, lm_head, feats, held, cfg.tokens_per_batch, vocab)
+    final = evaluate(adapter, lm_head, feats, held, cfg.tokens_per_batch, vocab, dev)
     meta = {
         "target_sha256": target_sha, "exit_layer": cfg.exit_layer, "arch": cfg.arch, "config": asdict(cfg),
         "train_sequences": len(train_idx), "heldout_sequences": len(held),
@@ -298,9 +319,10 @@ def train(model, sequences: list[tuple[np.ndarray, int]], cfg: TrainConfig, out_
         "heldout_before": before, "heldout": final,
         "raw_exit_agreement": raw_exit_agreement(model, lm_head, feats, held, cfg.tokens_per_batch),
         "history": history, "train_seconds": round(time.time() - t0, 1), "command": command,
-        "draft_vocab": cfg.draft_vocab or None, "data": data,
+        "draft_vocab": cfg.draft_vocab or None, "data": data, "device": dev.describe(),
     }
-    save_adapter(adapter, out_dir, meta)
+    model.cpu()
+    save_adapter(adapter.cpu(), out_dir, meta)
     np.save(out_dir / COUNTS_FILE, counts)
     return meta
 

@@ -10,6 +10,7 @@ the target's top-1 over the full vocabulary: what a greedy draft hits.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -23,6 +24,7 @@ from torch.nn import functional as F
 from tqdm import tqdm
 
 from ...runtime.errors import SpecExportError
+from .device import Device, resolve_device
 from .fit_adapter import (
     Features,
     _batches,
@@ -73,7 +75,8 @@ class Batch:
     teacher: torch.Tensor  # [n_target, target_hidden] the target's final normed states there
 
 
-def make_batch(sequences: list[tuple[np.ndarray, int]], feats: Features, idx: list[int]) -> Batch:
+def make_batch(sequences: list[tuple[np.ndarray, int]], feats: Features, idx: list[int],
+               device: torch.device | None = None) -> Batch:
     width = max(len(sequences[j][0]) for j in idx)
     ids = torch.zeros(len(idx), width, dtype=torch.long)
     target = torch.zeros(len(idx), width, dtype=torch.bool)
@@ -86,6 +89,8 @@ def make_batch(sequences: list[tuple[np.ndarray, int]], feats: Features, idx: li
         target[row, lo:n - 1] = True
         rows.append(feats.h_final[j][lo:n - 1])
     teacher = torch.from_numpy(np.concatenate(rows).astype(np.float32))
+    if device is not None and device.type != "cpu":
+        return Batch(ids.to(device), target.to(device), teacher.to(device, non_blocking=True))
     return Batch(ids, target, teacher)
 
 
@@ -128,12 +133,15 @@ def soft_ce(drafter: SpecDrafter, embed: torch.Tensor, teacher: Teacher, batch: 
 class HeldOut:
     """The held-out batches and the target's full-vocabulary top-1 on them, computed once."""
 
-    def __init__(self, sequences, feats: Features, idx: list[int], tokens: int, teacher: Teacher) -> None:
-        self.batches = [make_batch(sequences, feats, b) for b in _batches(feats, idx, tokens, None)]
+    def __init__(self, sequences, feats: Features, idx: list[int], tokens: int, teacher: Teacher,
+                 device: Device | None = None) -> None:
+        self.device = device
+        at = teacher.full.device
+        self.batches = [make_batch(sequences, feats, b, at) for b in _batches(feats, idx, tokens, None)]
         self.best = [teacher.best(b.teacher) for b in self.batches]
         self.in_head = None
         if teacher.vocab is not None:  # the agreement a pruned head can reach at most
-            allowed = torch.zeros(len(teacher.full), dtype=torch.bool)
+            allowed = torch.zeros(len(teacher.full), dtype=torch.bool, device=at)
             allowed[teacher.vocab] = True
             self.in_head = float(torch.cat([allowed[b] for b in self.best]).float().mean())
 
@@ -143,7 +151,8 @@ class HeldOut:
         drafter.eval()
         loss_sum, agrees = 0.0, []
         for batch, best in zip(self.batches, self.best, strict=True):
-            loss, agree = soft_ce(drafter, embed, teacher, batch, best)
+            with self.device.autocast() if self.device is not None else contextlib.nullcontext():
+                loss, agree = soft_ce(drafter, embed, teacher, batch, best)
             loss_sum += float(loss) * len(agree)
             agrees.append(agree)
         drafter.train(was_training)
@@ -153,7 +162,7 @@ class HeldOut:
 
 def train_drafter(model, sequences: list[tuple[np.ndarray, int]], cfg: DrafterTrainConfig, out_dir: Path,
                   target_sha: str, command: str = "", feature_layer: int = 2, data: str = "",
-                  extra: list[list[tuple[np.ndarray, int]]] = ()) -> dict:
+                  extra: list[list[tuple[np.ndarray, int]]] = (), device: str | None = "auto") -> dict:
     """Trains and writes drafter.safetensors (fp16) + drafter.json (+ drafter_vocab.npy) to out_dir; returns the
     metadata. `feature_layer` only picks which cached feature file to reuse (the drafter reads h_final alone).
     Resumes from train_state.pt in out_dir when its config and data match. Held-out sequences are drawn from
@@ -164,27 +173,30 @@ def train_drafter(model, sequences: list[tuple[np.ndarray, int]], cfg: DrafterTr
         torch.set_num_threads(cfg.threads)
     if len(sequences) < 2:  # held-out and training sequences both come from `sequences`
         raise SpecExportError(f"training a drafter needs at least two distilled sequences, got {len(sequences)}")
-    sequences, feats, pool = with_extra(model, sequences, extra, feature_layer, target_sha)
+    dev = resolve_device(device)
+    sequences, feats, pool = with_extra(model, sequences, extra, feature_layer, target_sha, device=dev)
+    model.cpu()
     held, train_idx, rng = split_holdout(pool, cfg.holdout, cfg.seed)  # the adapter's split
     train_idx += range(pool, len(sequences))
     vocab_size = int(model.config.vocab_size)
     counts = response_counts(sequences, train_idx, vocab_size)
     vocab_ids = pruned_vocab(counts, cfg.draft_vocab)
-    vocab = None if vocab_ids is None else torch.from_numpy(vocab_ids)
+    vocab = None if vocab_ids is None else torch.from_numpy(vocab_ids).to(dev.torch)
 
-    embed = model.model.embed_tokens.weight.detach().float()
-    teacher = Teacher(model.lm_head.weight.detach().float(), vocab)
+    embed = model.model.embed_tokens.weight.detach().float().to(dev.torch)
+    teacher = Teacher(model.lm_head.weight.detach().float().to(dev.torch), vocab)
     torch.manual_seed(cfg.seed)
     drafter = SpecDrafter(cfg.drafter_config(model.config))
-    drafter.init_projections(embed)
-    drafter.train()
+    drafter.init_projections(embed.cpu())
+    drafter.to(dev.torch).train()
     opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    heldout = HeldOut(sequences, feats, held, cfg.tokens_per_batch, teacher)
+    scaler = dev.scaler()
+    heldout = HeldOut(sequences, feats, held, cfg.tokens_per_batch, teacher, dev)
 
     state_path = out_dir / "train_state.pt"
     step, history, elapsed = 0, [], 0.0
     if state_path.is_file():
-        state = torch.load(state_path, weights_only=False)
+        state = torch.load(state_path, weights_only=False, map_location=dev.torch)
         if state["config"] == asdict(cfg) and state["data"] == _seq_digest(sequences):
             drafter.load_state_dict(state["drafter"])
             opt.load_state_dict(state["optimizer"])
@@ -203,11 +215,14 @@ def train_drafter(model, sequences: list[tuple[np.ndarray, int]], cfg: DrafterTr
                 break
             for group in opt.param_groups:
                 group["lr"] = cosine_lr(step, cfg.lr, cfg.warmup, cfg.steps)
-            loss, agree = soft_ce(drafter, embed, teacher, make_batch(sequences, feats, idx))
+            with dev.autocast():
+                loss, agree = soft_ce(drafter, embed, teacher, make_batch(sequences, feats, idx, dev.torch))
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
             torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-            opt.step()
+            scaler.step(opt)
+            scaler.update()
             step += 1
             bar.update()
             recent.append((loss.item(), float(agree.mean())))
@@ -240,8 +255,9 @@ def train_drafter(model, sequences: list[tuple[np.ndarray, int]], cfg: DrafterTr
         "data": data, "train_sequences": len(train_idx), "heldout_sequences": len(held), "train_tokens": train_tokens,
         "heldout_before": before, "heldout": final, "heldout_top1_in_head": heldout.in_head,
         "history": history, "train_seconds": round(time.time() - t0, 1), "command": command,
+        "device": dev.describe(),
     }
-    save_drafter(drafter, out_dir, meta, vocab_ids)
+    save_drafter(drafter.cpu(), out_dir, meta, vocab_ids)
     return meta
 
 
