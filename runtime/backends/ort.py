@@ -45,19 +45,42 @@ def session_options(threads: int | None = None) -> ort.SessionOptions:
     return opts
 
 
+# execution providers whose memory is a GPU's: a piece on one keeps its caches there (see OrtPiece)
+DEVICE_PROVIDERS = {"CUDAExecutionProvider": "cuda", "TensorrtExecutionProvider": "cuda"}
+TRT_EP_CACHE = "tensorrt/ort-trt-ep"  # under the bundle: the TensorRT execution provider's engines
+
+
+def provider_list(providers: list[str], bundle_root: Path) -> list:
+    """`providers` for InferenceSession, with the TensorRT execution provider's engine and timing caches
+    kept under the bundle (its engines take minutes to build; the cache makes that once per device)."""
+    out: list = []
+    for name in providers:
+        if name == "TensorrtExecutionProvider":
+            cache = str(bundle_root / TRT_EP_CACHE)
+            out.append((name, {"trt_engine_cache_enable": True, "trt_engine_cache_path": cache,
+                               "trt_timing_cache_enable": True, "trt_timing_cache_path": cache}))
+        else:
+            out.append(name)
+    return out
+
+
 class OrtPiece:
     """A piece whose caches live in OrtValues bound through IOBinding.
 
     ``kv_mode`` comes from the manifest: ``shared`` binds one buffer as both past and present (ORT's
     GroupQueryAttention writes in place); ``swap`` binds two buffers and swaps them after each call
     (graphs that return the whole updated cache).
+
+    On a GPU execution provider (CUDA, TensorRT) the caches are OrtValues in device memory, bound once, so
+    no call moves them; token ids, positions and masks go in and the results come out through the host.
     """
 
     def __init__(self, name: str, path: Path, spec: dict, max_context: int, providers: list[str],
                  threads: int | None = None) -> None:
         self.name = name
         try:
-            self.session = ort.InferenceSession(str(path), session_options(threads), providers=providers)
+            self.session = ort.InferenceSession(str(path), session_options(threads),
+                                                providers=provider_list(providers, Path(path).parent))
         except Exception as exc:
             raise SpecExportError(f"ONNX Runtime could not load piece {name!r} from {path}: {exc}") from None
         self.inputs = [TensorSpec.from_json(t) for t in spec["inputs"]]
@@ -70,14 +93,22 @@ class OrtPiece:
         self.binding = self.session.io_binding()
         self.max_context = max_context
         self._caches: list[tuple[str, str, list[ort.OrtValue]]] = []
-        self._arrays: list[list[np.ndarray]] = []  # the caches' memory: ORT's CPU OrtValues share it
+        self._arrays: list[list[np.ndarray]] = []  # the caches' memory on the host: CPU OrtValues share it
+        # the provider the session really got (ONNX Runtime falls back to the CPU when one is missing)
+        self.device = next((DEVICE_PROVIDERS[p] for p in self.session.get_providers() if p in DEVICE_PROVIDERS),
+                           None)
         for t in self.inputs:
             if not t.name.startswith("past_"):
                 continue
             shape = [1 if d == "batch" else max_context if d == "cache_len" else d for d in t.shape]
             n_buffers = 1 if self.kv_mode == "shared" else 2
-            arrays = [np.zeros(shape, dtype=t.dtype) for _ in range(n_buffers)]
-            buffers = [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
+            if self.device is None:
+                arrays = [np.zeros(shape, dtype=t.dtype) for _ in range(n_buffers)]
+                buffers = [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
+            else:  # zeros, not uninitialised memory: a masked slot's NaN would still reach the softmax
+                arrays = []
+                buffers = [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype=t.dtype), self.device, 0)
+                           for _ in range(n_buffers)]
             self._caches.append((t.name, t.name.replace("past_", "present_", 1), buffers))
             self._arrays.append(arrays)
         # results go into arrays made for each call, shaped from the manifest's named axes (`seq`: the call's
