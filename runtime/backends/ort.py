@@ -9,6 +9,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ..errors import SpecExportError
+from .buckets import CacheBuckets, relayout_host, view
 from .common import TensorSpec, TreeMask, bias_input, bias_spec, control_feeds
 
 _AXES = ("batch", "seq", "kept")  # the named axes of a piece's results that a call fixes
@@ -69,7 +70,8 @@ class OrtPiece:
 
     ``kv_mode`` comes from the manifest: ``shared`` binds one buffer as both past and present (ORT's
     GroupQueryAttention writes in place); ``swap`` binds two buffers and swaps them after each call
-    (graphs that return the whole updated cache).
+    (graphs that return the whole updated cache), binding a cache length that follows the used length
+    (buckets.py).
 
     On a GPU execution provider (CUDA, TensorRT) the caches are OrtValues in device memory, bound once, so
     no call moves them; token ids, positions and masks go in and the results come out through the host.
@@ -97,12 +99,19 @@ class OrtPiece:
         # the provider the session really got (ONNX Runtime falls back to the CPU when one is missing)
         self.device = next((DEVICE_PROVIDERS[p] for p in self.session.get_providers() if p in DEVICE_PROVIDERS),
                            None)
+        # swap mode on the host: flat buffers for the full context, bound a bucket at a time
+        self._buckets = CacheBuckets(max_context) if self.kv_mode == "swap" and self.device is None else None
+        self._shapes: list[tuple[int, ...]] = []
         for t in self.inputs:
             if not t.name.startswith("past_"):
                 continue
             shape = [1 if d == "batch" else max_context if d == "cache_len" else d for d in t.shape]
             n_buffers = 1 if self.kv_mode == "shared" else 2
-            if self.device is None:
+            self._shapes.append(tuple(shape))
+            if self._buckets is not None:
+                arrays = [np.zeros(int(np.prod(shape)), dtype=t.dtype) for _ in range(n_buffers)]
+                buffers = []  # views of the arrays, made per call at the call's bucket
+            elif self.device is None:
                 arrays = [np.zeros(shape, dtype=t.dtype) for _ in range(n_buffers)]
                 buffers = [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
             else:  # zeros, not uninitialised memory: a masked slot's NaN would still reach the softmax
@@ -124,6 +133,17 @@ class OrtPiece:
             self.binding.bind_ortvalue_input(past, buffers[0])
             self.binding.bind_ortvalue_output(present, buffers[-1])
 
+    def _bind_bucket(self, start: int, n: int) -> int:
+        """Binds every cache at the call's bucket, laying the caches out again first when it grew."""
+        size, grown_from = self._buckets.for_call(start, n)
+        for (past, present, _), arrays, shape in zip(self._caches, self._arrays, self._shapes, strict=True):
+            if grown_from is not None:
+                relayout_host(arrays[0], arrays[1], shape, grown_from, size)
+                arrays.reverse()
+            self.binding.bind_ortvalue_input(past, ort.OrtValue.ortvalue_from_numpy(view(arrays[0], shape, size)))
+            self.binding.bind_ortvalue_output(present, ort.OrtValue.ortvalue_from_numpy(view(arrays[1], shape, size)))
+        return size
+
     def _bind_results(self, n: int, keep: int) -> dict[str, np.ndarray] | None:
         """Binds a fresh array to each result (binding a name again replaces its earlier binding, so the
         caches' stay) and returns them; None when a result's shape is not known before the call (ORT then
@@ -142,11 +162,14 @@ class OrtPiece:
 
     def run(self, x: np.ndarray, start: int, keep: int = 1, tree: TreeMask | None = None) -> dict[str, np.ndarray]:
         n = x.shape[1]
-        if self.kv_mode == "swap":
+        width = self.max_context
+        if self._buckets is not None:
+            width = self._bind_bucket(start, n)
+        elif self.kv_mode == "swap":
             self._bind_caches()
         results = self._bind_results(n, keep)
         self.binding.bind_cpu_input(self.primary, x)
-        bias = bias_spec(self.bias_input, start, n, self.max_context)
+        bias = bias_spec(self.bias_input, start, n, width)
         for name, value in control_feeds(self.input_names, start, n, keep, tree, bias).items():
             self.binding.bind_cpu_input(name, value)
         self.session.run_with_iobinding(self.binding)

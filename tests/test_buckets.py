@@ -1,0 +1,81 @@
+"""Cache lengths that follow the used length (runtime/backends/buckets.py) in swap mode: the buckets, the
+re-layout when one grows, and the standard graphs on ONNX Runtime giving the same logits at every bucket."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from specexport.runtime import load
+from specexport.runtime.backends import buckets
+from specexport.runtime.backends.buckets import BUCKET_MIN, CacheBuckets, Relayout, bucket, relayout_host, view
+
+
+def test_buckets_double_from_the_least_and_stop_at_the_context():
+    assert bucket(1, 2048) == BUCKET_MIN and bucket(BUCKET_MIN, 2048) == BUCKET_MIN
+    assert bucket(BUCKET_MIN + 1, 2048) == 2 * BUCKET_MIN and bucket(2048, 2048) == 2048
+    assert bucket(1500, 1536) == 1536 and bucket(5, 64) == 64
+
+
+def test_a_bucket_grows_once_keeps_through_rollbacks_and_restarts_with_a_sequence():
+    b = CacheBuckets(1024)
+    assert b.for_call(0, 100) == (128, None)
+    assert b.for_call(100, 28) == (128, None)
+    assert b.for_call(128, 3) == (256, 128)  # grows: lay the cache out again from 128
+    assert b.for_call(120, 2) == (256, None)  # a rollback keeps the bigger bucket
+    assert b.for_call(0, 5) == (128, None)  # a new sequence starts small
+
+
+def test_the_relayout_keeps_every_head_s_slots():
+    shape = (1, 3, 64, 4)  # a buffer for a 64-slot context
+    rng = np.random.default_rng(0)
+    src, dst = np.zeros(int(np.prod(shape)), np.float32), np.full(int(np.prod(shape)), np.nan, np.float32)
+    old = rng.standard_normal((1, 3, 16, 4)).astype(np.float32)
+    view(src, shape, 16)[...] = old
+    relayout_host(src, dst, shape, 16, 32)
+    assert np.array_equal(view(dst, shape, 32)[:, :, :16], old)
+    copy = Relayout.of(kv_heads=3, head_dim=4, itemsize=4, old=16, new=32)
+    assert (copy.width, copy.height, copy.src_pitch, copy.dst_pitch) == (256, 3, 256, 512)
+
+
+def _logits(session, ids: np.ndarray, calls: list[int]) -> np.ndarray:
+    p, pos, out = session.pieces, 0, []
+    for n in calls:
+        hidden = p.shallow.run(ids[:, pos:pos + n], pos)["hidden"]
+        out.append(p.deep.run(hidden, pos, keep=n)["logits"].reshape(n, -1).copy())
+        pos += n
+    return np.concatenate(out)
+
+
+@pytest.fixture(scope="module")
+def standard_bundles(tiny_checkpoint, tmp_path_factory):
+    from specexport.exporter.build import build_bundle
+
+    root = tmp_path_factory.mktemp("standard")
+    built = {}
+    for precision in ("fp32", "fp16"):
+        built[precision] = root / precision
+        build_bundle(built[precision], model=str(tiny_checkpoint), exit_layer=2, context=512, flavour="standard",
+                     adapter="none", precision=precision)
+    return built
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_the_standard_graphs_give_the_same_logits_at_every_bucket(standard_bundles, monkeypatch, precision):
+    rng = np.random.default_rng(1)
+    ids = rng.integers(5, 200, size=(1, 300))
+    calls = [120, 1, 3, 2, 1, 5, 1, 1, 4, 2, 30, 1, 3, 100, 2, 1]  # crosses 128 and 256 in multi-row calls
+    session = load(standard_bundles[precision], threads=1)
+    assert session.pieces.deep.kv_mode == "swap"
+    bucketed = _logits(session, ids, calls)
+    assert session.pieces.deep._buckets.size == 512 and session.pieces.shallow._buckets.size == 512
+    monkeypatch.setattr(buckets, "BUCKET_MIN", 512)  # every call bound at the whole context
+    whole = _logits(load(standard_bundles[precision], threads=1), ids, calls)
+    assert np.array_equal(bucketed, whole)
+
+
+def test_lossless_modes_cross_buckets(standard_bundles):
+    session = load(standard_bundles["fp32"], threads=1)
+    ar = session.generate("hash table", max_new_tokens=200, mode="ar").tokens
+    assert len(ar) == 200
+    for mode in ("lookup",):
+        assert session.generate("hash table", max_new_tokens=200, mode=mode).tokens == ar, mode
