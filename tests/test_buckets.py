@@ -79,3 +79,16 @@ def test_lossless_modes_cross_buckets(standard_bundles):
     assert len(ar) == 200
     for mode in ("lookup",):
         assert session.generate("hash table", max_new_tokens=200, mode=mode).tokens == ar, mode
+
+
+def test_kv_traffic_per_step_follows_the_bucket():
+    from specexport.exporter.tensorrt.traffic import step_bytes
+
+    layers = {"shallow": (2, 3, 64), "deep": (28, 3, 64)}  # SmolLM2-135M's caches
+    per_slot = 30 * 2 * 3 * 64 * 2  # fp16 keys and values over 30 layers
+    early = step_bytes(layers, 2, position=100, context=2048)
+    assert early["swap, whole context"] == 3 * per_slot * 2048  # ~141.6 MB: the 3 x 47 MB
+    assert early["swap, bucketed"] == 3 * per_slot * 128
+    assert early["in place (10.15+)"] == per_slot * 2050
+    late = step_bytes(layers, 2, position=2000, context=2048)
+    assert late["swap, bucketed"] == late["swap, whole context"]

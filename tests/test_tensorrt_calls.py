@@ -512,3 +512,43 @@ def test_adopt_records_trtexec_engines_call_order(bundle):
     assert "Builder" not in names and names.count("runtime.deserialize_cuda_engine") == 3
     assert {e["built_with"] for e in manifest["tensorrt"]["engines"]} == {"trtexec"}
     load_bundle(bundle)
+
+
+def test_trt_piece_binds_a_cache_that_follows_the_used_length(tmp_path, tiny_checkpoint):
+    """Swap mode (TensorRT before 10.15): each call binds the cache at its bucket, and crossing into a bigger
+    one lays every cache out again with one 2-D copy into the other buffer, never within one."""
+    out = make_tiny_bundle(tmp_path / "b512", tiny_checkpoint, context=512, adapter=False)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["tensorrt"] = plan_tensorrt(out, manifest["pieces"], "orin-nano")
+    manifest["files"].update(manifest["tensorrt"]["files"])
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    deep_profiles = manifest["tensorrt"]["plan"]["deep"]["profiles"]
+    assert all(p["shapes"]["past_key.0"]["min"][2] == 128 and p["shapes"]["past_key.0"]["max"][2] == 512
+               for p in deep_profiles)
+    trt, cuda = TensorRTDouble(), CudaRuntimeDouble()
+    build_engines(out, trt=trt, cudart=cuda, log=lambda m: None)
+    piece = open_trt_piece(load_bundle(out), "deep", trt=trt, cudart=cuda)
+    kv = piece._kv[0][3]  # (batch, kv_heads, context, head_dim)
+
+    def call(n, start):
+        trt.calls.clear()
+        cuda.calls.clear()
+        piece.run(np.zeros((1, n, 64), np.float16), start, keep=1)
+        shapes = {c[2]: c[3] for c in trt.calls if c[0] == "context.set_input_shape"}
+        return shapes, [c for c in cuda.calls if c[0] == "cudaMemcpy2DAsync"]
+
+    shapes, copies = call(100, 0)
+    assert shapes["past_key.0"][2] == 128 and shapes["attention_bias"][-1] == 128 and not copies
+    past_before = piece._kv[0][2][0].ptr
+    shapes, copies = call(3, 127)  # positions 127..129: the 256 bucket
+    assert shapes["past_key.0"][2] == 256 and shapes["attention_bias"][-1] == 256
+    assert len(copies) == len(piece._kv)  # one copy per cache
+    _, dst, dpitch, src, spitch, width, height, kind = copies[0]
+    row = kv[3] * 2  # head_dim fp16 values
+    assert (dpitch, spitch, width, height, kind) == (256 * row, 128 * row, 128 * row, kv[1], 3)
+    assert src == past_before and dst != src  # from the current cache into the other buffer
+    shapes, copies = call(1, 110)  # a rollback keeps the bucket
+    assert shapes["past_key.0"][2] == 256 and not copies
+    shapes, copies = call(20, 0)  # a new sequence starts small again
+    assert shapes["past_key.0"][2] == 128 and not copies
+    piece.close()

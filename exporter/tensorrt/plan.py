@@ -30,6 +30,7 @@ from pathlib import Path
 
 import onnx
 
+from ...runtime.backends.buckets import BUCKET_MIN, bucket
 from ...runtime.errors import SpecExportError
 from .graph import is_inplace
 from .opcheck import require_supported
@@ -77,23 +78,29 @@ def _dims(shape: list, regime: dict[str, tuple[int, int, int]], what: str) -> tu
     return out
 
 
-def regimes(build: dict, context: int) -> dict[str, dict]:
-    """Per profile: (min, opt, max) of every named dimension, and of the logits_to_keep value."""
+def regimes(build: dict, context: int, bucketed: bool = False) -> dict[str, dict]:
+    """Per profile: (min, opt, max) of every named dimension, and of the logits_to_keep value. `bucketed`
+    (swap mode): the runtime binds a cache length that follows the used length (runtime/backends/buckets.py),
+    so `cache_len` spans the smallest bucket to the context, tuned for the middle bucket."""
     vmax, vopt, batch = min(build["verify_max"], context), min(build["verify_opt"], context), build["max_batch"]
+    cache = (context,) * 3
+    if bucketed:
+        least = min(BUCKET_MIN, context)
+        cache = (least, bucket(context // 2 or 1, context), context)
     return {
         "prefill": {"dims": {"batch": (1, 1, 1), "seq": (1, min(build["prefill_opt"], context), context),
-                             "cache_len": (context,) * 3}, "keep": (1, 1, vmax)},
-        "decode": {"dims": {"batch": (1, 1, batch), "seq": (1, 1, 1), "cache_len": (context,) * 3},
-                   "keep": (1, 1, 1)},
-        "verify": {"dims": {"batch": (1, 1, batch), "seq": (1, vopt, vmax), "cache_len": (context,) * 3},
+                             "cache_len": cache}, "keep": (1, 1, vmax)},
+        "decode": {"dims": {"batch": (1, 1, batch), "seq": (1, 1, 1), "cache_len": cache}, "keep": (1, 1, 1)},
+        "verify": {"dims": {"batch": (1, 1, batch), "seq": (1, vopt, vmax), "cache_len": cache},
                    "keep": (1, vopt, vmax)},
     }
 
 
-def piece_profiles(name: str, spec: dict, shape_inputs: list[str], build: dict, context: int) -> list[dict]:
+def piece_profiles(name: str, spec: dict, shape_inputs: list[str], build: dict, context: int,
+                   bucketed: bool = False) -> list[dict]:
     """The three optimization profiles of one piece, in engine profile order."""
     profiles = []
-    for pname, regime in regimes(build, context).items():
+    for pname, regime in regimes(build, context, bucketed).items():
         shapes, values = {}, {}
         for t in spec["inputs"]:
             if t["name"] in shape_inputs:
@@ -229,7 +236,8 @@ def plan_tensorrt(bundle_dir: Path, pieces: dict, target: str | dict, context: i
                  "script": f"{TRT_DIR}/build_{name}.sh",
                  "shape_tensors": shape_tensor_inputs(model),
                  "kv": {"mode": kv_mode, "count": spec.get("kv", {}).get("count", 0), "cache_len": context}}
-        piece["profiles"] = piece_profiles(name, spec, piece["shape_tensors"], build, context)
+        piece["profiles"] = piece_profiles(name, spec, piece["shape_tensors"], build, context,
+                                           bucketed=kv_mode == "swap")
         piece["trtexec"] = shlex.join(["trtexec", *trtexec_args(piece, builder)])
         files[piece["script"]] = _write(bundle_dir / piece["script"], script_text(name, piece, builder, target),
                                         executable=True)

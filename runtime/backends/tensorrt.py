@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import SpecExportError
+from .buckets import CacheBuckets, Relayout
 from .common import TensorSpec, TreeMask, bias_input, bias_spec, control_feeds
 
 PRIMARY_INPUTS = ("input_ids", "hidden_in")
@@ -245,6 +246,9 @@ class TrtPiece:
                     cuda_check(cudart.cudaMemsetAsync(buf.ptr, 0, buf.nbytes, self.stream), "cudaMemsetAsync")
                 self._kv.append((t.name, present, buffers, shape))
         self._kv_dtype = next((t.dtype for t in self.inputs if t.name.startswith("past_")), "float32")
+        # swap mode (TensorRT before 10.15) reads and writes its whole bound cache each call: bind a bucket
+        # that follows the used length (buckets.py); in place, the engine writes only the new entries
+        self._buckets = CacheBuckets(max_context) if self.kv_mode == "swap" and self._kv else None
         self._in = {t.name: self._alloc(self._capacity(t)) for t in self.inputs
                     if not t.name.startswith("past_") and t.name not in self.shape_tensors}
         self._host_shape_values = {t.name: np.zeros([int(d) for d in t.shape], dtype=t.dtype)
@@ -322,8 +326,9 @@ class TrtPiece:
             raise SpecExportError(f"positions {start}..{start + n - 1} exceed the {self.max_context}-token KV cache")
         index = select_profile(self.profiles, n, keep)
         ctx = self.contexts[index]
+        slots = self._grow_bucket(start, n) if self._buckets is not None else self.max_context
         feeds = control_feeds(self.input_names, start, n, keep, tree,
-                              bias_spec(self.bias_input, start, n, self.max_context))
+                              bias_spec(self.bias_input, start, n, slots))
         feeds[self.primary.name] = np.ascontiguousarray(x, dtype=self.primary.dtype)
         for name, value in feeds.items():
             if name in self.shape_tensors:  # shape tensors are read from host memory
@@ -340,7 +345,7 @@ class TrtPiece:
             self._h2d(self._in[name], value)
             ctx.set_tensor_address(name, self._in[name].ptr)
         for past, present, buffers, shape in self._kv:
-            ctx.set_input_shape(past, shape)
+            ctx.set_input_shape(past, (*shape[:2], slots, *shape[3:]))
             # swap: two distinct buffers (issue 4681); inplace: the one buffer TensorRT's cache update writes into
             ctx.set_tensor_address(past, buffers[0].ptr)
             ctx.set_tensor_address(present, buffers[-1].ptr)
@@ -360,6 +365,23 @@ class TrtPiece:
         for _, _, buffers, _ in self._kv:  # the updated cache is the next call's past (a no-op in place)
             buffers.reverse()
         return results
+
+    def _grow_bucket(self, start: int, n: int) -> int:
+        """The call's cache length; when it outgrows the current bucket, every cache is laid out again into
+        its other buffer (one 2-D copy, never within one buffer) and the buffers swap roles."""
+        slots, grown_from = self._buckets.for_call(start, n)
+        if grown_from is None:
+            return slots
+        kind = self.cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice
+        for _, _, buffers, shape in self._kv:
+            copy = Relayout.of(shape[1], shape[3], np.dtype(self._kv_dtype).itemsize, grown_from, slots)
+            for b in range(shape[0]):  # batch rows (1 today), each a whole [kv_heads, slots, head_dim] cache
+                src = buffers[0].ptr + b * copy.src_pitch * copy.height
+                dst = buffers[1].ptr + b * copy.dst_pitch * copy.height
+                cuda_check(self.cudart.cudaMemcpy2DAsync(dst, copy.dst_pitch, src, copy.src_pitch, copy.width,
+                                                         copy.height, kind, self.stream), "cudaMemcpy2DAsync")
+            buffers.reverse()
+        return slots
 
     def close(self) -> None:
         self.contexts = []
