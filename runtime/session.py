@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -62,6 +63,12 @@ def _open_pieces(bundle: Bundle, backend: str, providers: list[str] | None,
 
 
 class Session:
+    """A loaded bundle. Threads may share one: its pieces hold one set of KV caches, so requests take turns,
+    each holding the session from its first token to its last (a stream that is abandoned half-read gives
+    the session back when it is closed or collected). The weights and ONNX Runtime's thread pools are the
+    session's; a request's options, statistics and text are its own (TextStream). For requests that should
+    run side by side, open one Session per thread: they share nothing but the process."""
+
     def __init__(self, bundle: Bundle, pieces: Pieces) -> None:
         self.bundle = bundle
         self.pieces = pieces
@@ -72,6 +79,8 @@ class Session:
         self.limits = Limits(bundle.max_context, getattr(pieces.deep, "keep_max", None) or bundle.max_context - 1)
         self.costs: dict[tuple[str, int], CostModel] = {}  # the goodput policy's, measured when first asked for
         self.auto_memory: dict[tuple[str, ...], AutoMemory] = {}  # what auto learned, per set of its choices
+        self._turn = threading.Lock()  # one request at a time on the pieces' caches
+        self._holder: int | None = None  # the thread whose request has the turn
 
     # -- public API -------------------------------------------------------------------------------
 
@@ -108,6 +117,17 @@ class Session:
     def _tokens(self, ids: list[int], opts: Options, detok: Detokenizer,
                 stats: Stats) -> Iterator[tuple[str, str]]:
         """Drives a request's decoding loop; yields (text delta, finish reason so far)."""
+        if self._holder == threading.get_ident():
+            raise SpecExportError("this thread is already running a request on this Session (a stream not yet"
+                                  " read to its end); finish or close it first, or open another Session")
+        with self._turn:
+            self._holder = threading.get_ident()
+            try:
+                yield from self._run(ids, opts, detok, stats)
+            finally:
+                self._holder = None
+
+    def _run(self, ids: list[int], opts: Options, detok: Detokenizer, stats: Stats) -> Iterator[tuple[str, str]]:
         max_context = self.bundle.max_context
         check_prompt_fits(len(ids), opts.max_new_tokens, max_context)
         budget = min(opts.max_new_tokens, max_context - len(ids))
@@ -153,6 +173,10 @@ class TextStream:
             self.finish_reason = reason
             if chunk:
                 yield chunk
+
+    def close(self) -> None:
+        """Ends the request where it stands and gives the Session back to other requests."""
+        self._chunks.close()
 
     def generation(self) -> Generation:
         """Runs the request to its end (if it has not run yet) and returns all of it."""
