@@ -52,3 +52,21 @@ def test_a_thread_cannot_interleave_two_requests_on_one_session(tiny_bundles):
         session.generate("the sea", max_new_tokens=4)
     first.close()  # given back: the next request runs
     assert session.generate("the sea", max_new_tokens=4, mode="ar").tokens
+
+
+def test_a_piece_that_fails_mid_generation_is_named_and_the_session_goes_on(tiny_bundles, monkeypatch):
+    session = load(tiny_bundles(adapter="untrained"), threads=1)
+    expected = session.generate("the sea", max_new_tokens=12, mode="self").tokens
+    deep = session.pieces.deep
+    real, calls = deep.session.run_with_iobinding, {"n": 0}
+
+    def failing(binding):
+        calls["n"] += 1
+        if calls["n"] == 3:  # the third call to `deep`: mid-generation
+            raise RuntimeError("Non-zero status code returned while running MatMul node (simulated)")
+        return real(binding)
+
+    monkeypatch.setattr(deep.session, "run_with_iobinding", failing)
+    with pytest.raises(SpecExportError, match=r"piece 'deep' failed at positions \d+\.\.\d+ .*simulated"):
+        session.generate("the sea", max_new_tokens=12, mode="self")
+    assert session.generate("the sea", max_new_tokens=12, mode="self").tokens == expected

@@ -172,7 +172,12 @@ class OrtPiece:
         bias = bias_spec(self.bias_input, start, n, width)
         for name, value in control_feeds(self.input_names, start, n, keep, tree, bias).items():
             self.binding.bind_cpu_input(name, value)
-        self.session.run_with_iobinding(self.binding)
+        try:
+            self.session.run_with_iobinding(self.binding)
+        except Exception as exc:  # ONNX Runtime's own message, in one sentence that names the piece and step
+            reason = " ".join(str(exc).split())
+            raise SpecExportError(f"piece {self.name!r} failed at positions {start}..{start + n - 1} ({n} token(s)):"
+                                  f" {reason}") from None
         if results is None:
             values = self.binding.get_outputs()
             # caches are bound first, then results, and get_outputs keeps the binding order
