@@ -144,14 +144,16 @@ class Session:
                         break
                 stats.new_tokens += len(tokens)
                 delta = detok.push(tokens)
-                if opts.stop and any(s in detok.emitted for s in opts.stop):
-                    cut = min(detok.emitted.index(s) for s in opts.stop if s in detok.emitted)
-                    delta = delta[: max(0, len(delta) - (len(detok.emitted) - cut))]
-                    detok.emitted = detok.emitted[:cut]
+                if detok.stopped:
                     reason = "stop"
+                elif reason != "length" or stats.new_tokens >= budget:
+                    delta += detok.flush()  # the end: nothing more can complete a stop string
                 yield delta, reason
                 if reason != "length" or stats.new_tokens >= budget:
                     break
+            rest = detok.flush()  # the loop ran out (the context is full): what was held back
+            if rest:
+                yield rest, reason
         finally:
             loop.close()
             stats.decode_s = time.perf_counter() - t0 - stats.prefill_s
@@ -165,7 +167,7 @@ class TextStream:
         self.opts = opts
         self.stats = Stats()
         self.finish_reason = "length"
-        self._detok = Detokenizer(session.codec)
+        self._detok = Detokenizer(session.codec, opts.stop)
         self._chunks = session._tokens(prompt_ids, opts, self._detok, self.stats)
 
     def __iter__(self) -> Iterator[str]:

@@ -32,21 +32,44 @@ class TextCodec:
 
 
 class Detokenizer:
-    """Turns a growing list of token ids into text deltas without splitting a UTF-8 character."""
+    """Turns a growing list of token ids into text deltas: never half a UTF-8 character, and never the start
+    of a stop string before the next tokens show whether it is one. `emitted` is the request's text (cut
+    before a stop string once one appears); the deltas add up to it."""
 
-    def __init__(self, codec: TextCodec) -> None:
+    def __init__(self, codec: TextCodec, stop: list[str] | tuple[str, ...] = ()) -> None:
         self.codec = codec
+        self.stop = [s for s in stop if s]
         self.ids: list[int] = []
         self.emitted = ""
+        self.stopped = False
+        self._shown = 0  # characters of `emitted` streamed so far
 
     def push(self, ids: list[int]) -> str:
         self.ids.extend(ids)
         text = self.codec.decode(self.ids)
         if text.endswith("\ufffd"):  # a multi-byte character still arriving
             return ""
-        delta = text[len(self.emitted):] if text.startswith(self.emitted) else ""
+        hits = [text.find(s) for s in self.stop if s in text]
+        if hits:
+            self.emitted, self.stopped = text[:min(hits)], True
+            return self.flush()
         self.emitted = text
+        safe = len(text) - _stop_prefix(text, self.stop)  # held back: what may be a stop string's start
+        delta = text[self._shown:safe]
+        self._shown = max(self._shown, safe)
         return delta
+
+    def flush(self) -> str:
+        """What is held back, once the request ends without the stop string completing."""
+        delta = self.emitted[self._shown:]
+        self._shown = len(self.emitted)
+        return delta
+
+
+def _stop_prefix(text: str, stops: list[str]) -> int:
+    """The length of the longest end of `text` that begins one of `stops` (and is not all of it)."""
+    return max((k for s in stops for k in range(min(len(s) - 1, len(text)), 0, -1) if text.endswith(s[:k])),
+               default=0)
 
 
 def check_prompt_fits(n_prompt: int, max_new_tokens: int, max_context: int) -> None:

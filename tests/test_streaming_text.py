@@ -1,0 +1,69 @@
+"""Streamed text: never half a UTF-8 character, never part of a stop string. The tokenizer cases run on the
+real default model's tokenizer (byte-level BPE, where emoji and CJK take several tokens)."""
+
+from __future__ import annotations
+
+import pytest
+from specexport.runtime.text import Detokenizer
+
+from .conftest import real_bundle
+
+TEXTS = ["Café crème, naïve façade 🙂🚀 — 東京の天気は晴れです。 Ελληνικά ok", "👩‍👩‍👧‍👦 family, 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 ∑x²"]
+
+
+@pytest.fixture(scope="module")
+def codec():
+    from specexport.runtime import load
+
+    return load(real_bundle("fp32"), threads=1).codec
+
+
+def _stream(codec, ids: list[int], stop=(), step: int = 1) -> tuple[list[str], Detokenizer]:
+    detok = Detokenizer(codec, stop)
+    deltas = []
+    for i in range(0, len(ids), step):
+        deltas.append(detok.push(ids[i:i + step]))
+        if detok.stopped:
+            break
+    else:
+        deltas.append(detok.flush())
+    return deltas, detok
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("text", TEXTS)
+def test_multibyte_characters_are_never_emitted_half(codec, text):
+    ids = codec.encode(text)
+    assert len(ids) > len(text.split())  # several tokens per character somewhere: the case under test
+    for step in (1, 2, 3):
+        deltas, detok = _stream(codec, ids, step=step)
+        assert "".join(deltas) == text == detok.emitted
+        assert not any("\ufffd" in d for d in deltas)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", ["天気", "🚀", "crème, na", "façade 🙂"])
+def test_a_stop_string_split_across_tokens_stops_with_none_of_it_shown(codec, stop):
+    text = TEXTS[0]
+    ids = codec.encode(text)
+    deltas, detok = _stream(codec, ids, stop=[stop])
+    assert detok.stopped and detok.emitted == text[:text.index(stop)]
+    assert "".join(deltas) == detok.emitted  # nothing of the stop string was streamed, not even its start
+    assert len(codec.encode(stop)) > 1  # it does span tokens
+
+
+def test_held_back_text_is_streamed_when_the_stop_string_does_not_complete():
+    class Chars:  # a codec whose tokens are characters
+        def decode(self, ids):
+            return "".join(map(chr, ids))
+
+    detok = Detokenizer(Chars(), ["STOP"])
+    out = [detok.push([ord(c)]) for c in "a STO"]
+    assert "".join(out) == "a " and detok.emitted == "a STO"  # "STO" may begin STOP: held
+    assert detok.push([ord("P")]) == "" and detok.stopped and detok.emitted == "a "
+    detok = Detokenizer(Chars(), ["STOP"])
+    out = [detok.push([ord(c)]) for c in "a STOW"]
+    assert "".join(out) == "a STOW"  # W: it was not STOP after all
+    detok = Detokenizer(Chars(), ["STOP"])
+    out = [detok.push([ord(c)]) for c in "end ST"] + [detok.flush()]
+    assert "".join(out) == "end ST"  # the request ended: what was held is shown
