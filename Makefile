@@ -7,7 +7,7 @@ BUNDLE_INT4 ?= bundles/smollm2-int4
 PROMPT ?= Explain how a hash table works.
 export SPECEXPORT_CACHE ?= $(CURDIR)/.cache
 
-.PHONY: setup demo test lint bench bench-int4 bench-env bench-bar clean
+.PHONY: setup demo test lint bench bench-int4 bench-env bench-bar soak clean
 
 $(BIN)/specexport: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -76,6 +76,11 @@ bench-int4: bench-env $(BUNDLE_INT4)/manifest.json
 bench-bar: setup $(BUNDLE)/manifest.json
 	$(BIN)/specexport bench --bundle $(BUNDLE) --out reports/bar --modes self,lookup,auto --tree $(BENCH_TREES) \
 		--baselines none --limit 3 --repeats 3 --max-new-tokens 128 --no-memory
+
+# A long run in one process (issue 22): 1,000 generations across every mode, RSS and open fds every 100
+# (bench/soak.py; fails when memory grows more than 5% after warm-up or the fds move); ~25 minutes here.
+soak: setup $(BUNDLE)/manifest.json
+	$(BIN)/python -m specexport.bench.soak --bundle $(BUNDLE) --generations 1000 --out reports/soak.json
 
 clean:
 	rm -rf bundles reports

@@ -89,7 +89,7 @@ def measure_memory(bundle: Path, prompt: str, max_new_tokens: int, checkpoint: P
     bundle = Path(bundle)
     args = ["generate", "--bundle", str(bundle), "--max-new-tokens", str(max_new_tokens), "--mode", mode,
             *(["--threads", str(threads)] if threads else []), "--json"]
-    cmd = [sys.executable, "-m", "specexport.runtime.cli", *args, prompt]
+    cmd = [sys.executable, "-m", "specexport.cli.main", *args, prompt]
     t0 = time.perf_counter()
     probe = subprocess.run([sys.executable, "-c", _PROBE, *cmd], capture_output=True, text=True)
     seconds = time.perf_counter() - t0

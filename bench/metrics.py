@@ -39,8 +39,9 @@ KEYS = {
                 " policies and trees (--schedule, --policy, --tree; null when not given), reference, systems (the"
                 " run order of the first question; it rotates by one per question)",
     "systems": "system name -> {label, kind (specexport|baseline), mode, precision, setup_s, note}",
-    "skipped": "system name -> why it did not run (missing package or piece, failed set-up), or why it"
-               " stopped early (its figures then cover the questions before the failure)",
+    "skipped": "system name -> why it did not run (missing package or piece, failed set-up)",
+    "errors": "[{system, question_id, category, error}]: a run that failed; the system went on with the next"
+              " question, and its figures cover the questions it ran",
     "results": "system name -> {overall: METRICS + ratio_to + ratio_to_specbench, categories: {category:"
                " METRICS}}",
     "results.*.questions": "number of questions the figures cover",
@@ -243,12 +244,18 @@ def lossless_failures(report: dict) -> dict[str, tuple[int, int]]:
 
 def lossless_failure_sentence(report: dict) -> str | None:
     """One sentence naming each lossless system that was not token-identical to the reference and on how
-    many questions, or None when every one was."""
+    many questions, and each specexport system that failed on a question, or None when every one was
+    identical and ran."""
     failures = lossless_failures(report)
-    if not failures:
+    crashed: dict[str, int] = {}
+    for e in report.get("errors", []):
+        if report["systems"].get(e["system"], {}).get("kind") == "specexport":
+            crashed[e["system"]] = crashed.get(e["system"], 0) + 1
+    if not failures and not crashed:
         return None
-    parts = [f"{name} on {differed} of {total} question{'s' if total != 1 else ''}"
-             for name, (differed, total) in failures.items()]
-    return (f"lossless systems differ from {report['settings']['reference']}'s output: {', '.join(parts)}"
-            " (first_mismatch in report.json says where); the report was written, but the run fails")
+    parts = [f"{name} differs from {report['settings']['reference']}'s output on {differed} of {total}"
+             f" question{'s' if total != 1 else ''}" for name, (differed, total) in failures.items()]
+    parts += [f"{name} failed on {n} question{'s' if n != 1 else ''}" for name, n in crashed.items()]
+    return (f"lossless systems went wrong: {', '.join(parts)} (first_mismatch and errors in report.json say"
+            " where); the report was written, but the run fails")
 

@@ -101,6 +101,10 @@ def render_markdown(report: dict) -> str:
     if report["skipped"]:
         lines.extend(["", "## Skipped", ""])
         lines.extend(f"- {name}: {reason}" for name, reason in report["skipped"].items())
+    if report.get("errors"):
+        lines.extend(["", "## Failed runs (each system went on with the next question)", ""])
+        lines.extend(f"- {e['system']}, question {e['question_id']} ({e['category']}): {e['error']}"
+                     for e in report["errors"])
     mem = report.get("memory")
     if mem:
         mb = 1e6

@@ -222,14 +222,15 @@ def start_systems(candidates: Sequence[System], skipped: dict[str, str], warmup:
 def run_interleaved(systems: Sequence[System], questions: Sequence[Question],
                     prompts: Sequence[tuple[list[int], bool]], max_new_tokens: int, skipped: dict[str, str],
                     progress: Progress | None = None, log: Callable[[str], None] = print,
-                    repeats: int = 1) -> list[dict]:
+                    repeats: int = 1, errors: list[dict] | None = None) -> list[dict]:
     """Every system on question 1, then every system on question 2, ..., the order rotated by one system
     per question (and per repeat), so no system always runs right after the same other one. With
     `repeats` > 1 each question goes round that many times and each system's record is its run of median
     time (`seconds_runs` keeps them all), so one busy moment of a shared machine does not decide a ratio. A
-    baseline or speculative mode that fails stops there (the reason goes to `skipped`, its records of
-    earlier questions stay); the reference failing is an error. `progress(system, question, record)`
-    follows every run (record None when the system failed or had failed)."""
+    baseline or speculative mode that fails on a question has the error recorded in `errors` (system,
+    question, the error's sentence) and goes on with the next question; the reference failing is an error.
+    `progress(system, question, record)` follows every run (record None when the run failed)."""
+    errors = [] if errors is None else errors
     names = [s.name for s in systems]
     if REFERENCE not in names:
         raise ValueError(f"the reference system {REFERENCE} must be among the systems")
@@ -239,7 +240,7 @@ def run_interleaved(systems: Sequence[System], questions: Sequence[Question],
         for rep in range(repeats):
             k = (i + rep) % len(systems)
             for system in [*systems[k:], *systems[:k]]:
-                result = _run(system, q, ids, max_new_tokens, skipped, log)
+                result = _run(system, q, ids, max_new_tokens, skipped, errors, log)
                 record = None
                 if result is not None:
                     record = make_record(q.question_id, q.category, system.name, result, len(ids), cut)
@@ -247,8 +248,9 @@ def run_interleaved(systems: Sequence[System], questions: Sequence[Question],
                 if progress:
                     progress(system.name, q, record)
         q_records, outputs = [], {}
+        failed = {e["system"] for e in errors if e["question_id"] == q.question_id}
         for name, rounds in runs.items():
-            if name in skipped:  # failed on a later repeat of this question
+            if name in failed:  # failed on another repeat of this question: no record for it
                 continue
             record, outputs[name] = sorted(rounds, key=lambda r: r[0]["seconds"])[(len(rounds) - 1) // 2]
             if repeats > 1:
@@ -261,8 +263,9 @@ def run_interleaved(systems: Sequence[System], questions: Sequence[Question],
 
 
 def _run(system: System, q: Question, ids: list[int], max_new_tokens: int, skipped: dict[str, str],
-         log: Callable[[str], None]):
-    """One timed generation, or None when the system had failed before or fails now (noted in `skipped`)."""
+         errors: list[dict], log: Callable[[str], None]):
+    """One timed generation, or None when the system did not start or fails on this question (the error
+    goes to `errors`; the system runs the next question as usual)."""
     if system.name in skipped:
         return None
     try:
@@ -270,9 +273,10 @@ def _run(system: System, q: Question, ids: list[int], max_new_tokens: int, skipp
     except Exception as exc:
         if system.name == REFERENCE:
             raise
-        skipped[system.name] = (f"failed on question {q.question_id}: {type(exc).__name__}: {exc};"
-                                " its figures cover the questions before it")
-        log(f"{system.name}: {skipped[system.name]}")
+        error = " ".join(f"{type(exc).__name__}: {exc}".split())
+        errors.append({"system": system.name, "question_id": q.question_id, "category": q.category,
+                       "error": error})
+        log(f"{system.name} failed on question {q.question_id}: {error}; it goes on with the next question")
         return None
 
 
@@ -311,11 +315,12 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None, log: Callable[
     candidates, skipped = make_systems(session, cfg, threads, log)
     warmup = (prompts[0][0][-WARMUP_PROMPT_TOKENS:], min(WARMUP_NEW_TOKENS, cfg.max_new_tokens)) if cfg.warmup else None
     systems, setup_s = start_systems(candidates, skipped, warmup, log)
+    errors: list[dict] = []
     try:
         if total_hook:
             total_hook(len(systems) * len(questions) * cfg.repeats)
         records = run_interleaved(systems, questions, prompts, cfg.max_new_tokens, skipped, progress, log,
-                                  cfg.repeats)
+                                  cfg.repeats, errors)
     finally:
         for system in systems:
             system.close()
@@ -356,6 +361,7 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None, log: Callable[
         },
         "systems": {s.name: {**s.describe(), "setup_s": setup_s.get(s.name)} for s in systems},
         "skipped": skipped,
+        "errors": errors,
         "results": aggregate(records, order),
         "memory": memory,
         "records": records,

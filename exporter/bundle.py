@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import onnx
@@ -31,8 +33,14 @@ def io_spec(values) -> list[dict]:
             for v in values]
 
 
+PARTIAL = ".{name}.partial-"  # + a random suffix: a build's work in progress, beside `--out`
+OWNER = ".owner"  # in a partial directory: the pid of the build writing it
+
+
 class BundleWriter:
-    """Use as a context manager: on any exception the partial directory is removed."""
+    """Use as a context manager: on any exception the partial directory is removed; a failed write (a full
+    disk) is one sentence. A build killed outright (SIGKILL, power) leaves its partial directory behind with
+    its pid inside; the next build beside it removes every one whose build is gone."""
 
     def __init__(self, out: Path, force: bool = False) -> None:
         self.out = Path(out)
@@ -44,13 +52,23 @@ class BundleWriter:
         self.tmp: Path | None = None
 
     def __enter__(self) -> BundleWriter:
-        self.out.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.partial-", dir=self.out.parent))
+        try:
+            self.out.parent.mkdir(parents=True, exist_ok=True)
+            remove_leftovers(self.out)
+            self.tmp = Path(tempfile.mkdtemp(prefix=PARTIAL.format(name=self.out.name), dir=self.out.parent))
+            (self.tmp / OWNER).write_text(str(os.getpid()))
+        except OSError as exc:
+            raise SpecExportError(f"cannot write a bundle beside {self.out}: {exc.strerror or exc}; choose another"
+                                  " --out") from None
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if self.tmp is not None and self.tmp.exists():
             shutil.rmtree(self.tmp, ignore_errors=True)
+        if exc_type is not None and issubclass(exc_type, OSError):
+            where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+            raise SpecExportError(f"writing the bundle failed: {exc.strerror or exc}{where}; nothing was written"
+                                  f" to {self.out}, free some space or choose another --out") from None
 
     def add_piece(self, name: str, model: onnx.ModelProto, flavour: str, **extra) -> dict:
         files = save_model(model, self.tmp / f"{name}.onnx")
@@ -69,8 +87,12 @@ class BundleWriter:
         shutil.copyfile(src, self.tmp / name)
         return name
 
+    def _drop_owner(self) -> None:
+        (self.tmp / OWNER).unlink(missing_ok=True)
+
     def commit(self, manifest: dict) -> dict:
         """Checksums every file, writes the manifest, and renames the directory into place."""
+        self._drop_owner()  # not a file of the bundle
         manifest = {"schema_version": SCHEMA_VERSION, **manifest, "pieces": self.pieces}
         manifest["files"] = {p.name: sha256_file(p) for p in sorted(self.tmp.iterdir()) if p.is_file()}
         (self.tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -82,5 +104,39 @@ class BundleWriter:
             shutil.rmtree(trash, ignore_errors=True)
         else:
             self.tmp.rename(self.out)
+            # a replacing build killed between its two renames set the previous bundle aside: gone now
+            shutil.rmtree(self.out.with_name(f".{self.out.name}.old"), ignore_errors=True)
         self.tmp = None
         return manifest
+
+
+def remove_leftovers(out: Path) -> list[Path]:
+    """Removes what killed builds of `out` left beside it: partial directories whose build is gone, and the
+    previous bundle a replacing build had set aside (`.NAME.old`) when `out` itself is there again."""
+    removed = []
+    for partial in out.parent.glob(PARTIAL.format(name=out.name) + "*"):
+        owner = partial / OWNER
+        try:
+            pid = int(owner.read_text())
+        except (OSError, ValueError):
+            pid = None
+        if pid is None and time.time() - partial.stat().st_mtime < 60:
+            continue  # a build that has just begun and not yet signed its directory
+        if pid is None or not _alive(pid):
+            shutil.rmtree(partial, ignore_errors=True)
+            removed.append(partial)
+    trash = out.with_name(f".{out.name}.old")
+    if trash.exists() and out.exists():
+        shutil.rmtree(trash, ignore_errors=True)
+        removed.append(trash)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True

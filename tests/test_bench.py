@@ -253,18 +253,21 @@ def test_interleaved_rotates_order_and_handles_failures():
     qs = [Question(i, "qa", "x") for i in (1, 2, 3)]
     prompts = [([i], False) for i in (1, 2, 3)]
     skipped: dict = {}
+    errors: list = []
     seen = []
     records = run_interleaved(systems, qs, prompts, 8, skipped,
-                              progress=lambda s, q, r: seen.append((q.question_id, s, r)), log=lambda m: None)
-    # question 1: ar, self, hf; question 2 starts one later: self, hf (fails), ar; question 3: hf is out
+                              progress=lambda s, q, r: seen.append((q.question_id, s, r)), log=lambda m: None,
+                              errors=errors)
+    # question 1: ar, self, hf; question 2 starts one later: self, hf (fails), ar; question 3: hf, ar, self
     assert [c[0] for c in calls] == [REFERENCE, "specexport-self", "hf", "specexport-self", "hf", REFERENCE,
-                                     REFERENCE, "specexport-self"]
-    assert len(seen) == 9  # the progress bar still counts the runs a failed system no longer makes
-    assert [r is None for _, s, r in seen if s == "hf"] == [False, True, True]
-    assert "failed on question 2" in skipped["hf"]
+                                     "hf", REFERENCE, "specexport-self"]
+    assert len(seen) == 9
+    assert [r is None for _, s, r in seen if s == "hf"] == [False, True, False]  # the failure is one question
+    assert errors == [{"system": "hf", "question_id": 2, "category": "qa", "error": "RuntimeError: boom"}]
+    assert skipped == {}
     assert [(r["question_id"], r["system"]) for r in records] == [
         (1, REFERENCE), (1, "specexport-self"), (1, "hf"), (2, REFERENCE), (2, "specexport-self"),
-        (3, REFERENCE), (3, "specexport-self")]
+        (3, REFERENCE), (3, "specexport-self"), (3, "hf")]
     assert all(r["identical_to_ar"] is False for r in records if r["system"] == "specexport-self")
     assert records[2]["identical_to_ar"] is True
 
@@ -490,7 +493,7 @@ def test_lossless_failures_name_specexport_systems_only():
     assert lossless_failures(report) == {"specexport-spec": (1, 3)}
     sentence = lossless_failure_sentence(report)
     assert "\n" not in sentence and ". " not in sentence  # one sentence
-    assert "specexport-spec on 1 of 3 questions" in sentence and REFERENCE in sentence
+    assert f"specexport-spec differs from {REFERENCE}'s output on 1 of 3 questions" in sentence
     for r in report["records"]:
         if r["system"] == "hf":
             r["identical_to_ar"] = False
@@ -501,6 +504,11 @@ def test_lossless_failures_name_specexport_systems_only():
         if r["system"] == "specexport-spec":
             r["identical_to_ar"] = True
     assert lossless_failure_sentence(report) is None
+    # a specexport mode that crashed on a question fails the run too; a baseline's crash does not
+    report["errors"] = [{"system": "hf", "question_id": 1, "category": "qa", "error": "RuntimeError: boom"}]
+    assert lossless_failure_sentence(report) is None
+    report["errors"].append({"system": "specexport-spec", "question_id": 2, "category": "qa", "error": "x"})
+    assert "specexport-spec failed on 1 question" in lossless_failure_sentence(report)
 
 
 def test_keys_document_every_key_of_the_report():
@@ -702,7 +710,8 @@ def test_a_lossless_mode_that_differs_from_ar_fails_the_run(tiny_bundles, tmp_pa
     assert data["results"]["specexport-self"]["overall"]["identical_to_ar"] is True
     assert "outputs differ from specexport AR" in (out / "report.md").read_text()
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "specexport-lookup on 2 of 2 questions" in errors[0], result.stderr
+    wanted = "specexport-lookup differs from specexport-ar's output on 2 of 2 questions"
+    assert len(errors) == 1 and wanted in errors[0], result.stderr
     assert "specexport-self" not in errors[0] and "Traceback" not in result.output
 
 

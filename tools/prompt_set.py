@@ -1,7 +1,7 @@
 """Deterministic generator of a diverse chat-prompt set for self-distillation.
 
 The prompts are the inputs whose greedy answers by the target model become the training data of a
-draft head (see :mod:`specexport.exporter.distill_data`). They are built compositionally from
+draft head (see :mod:`specexport.exporter.training.distill_data`). They are built compositionally from
 hand-written templates, topics, entities, numbers and short passages written for this file, so the set
 is independent of any evaluation benchmark and can be shipped with the package.
 
