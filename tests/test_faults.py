@@ -87,3 +87,15 @@ def test_a_file_removed_from_a_loaded_bundle_leaves_the_session_running(tiny_bun
     assert session.generate("hash table", max_new_tokens=12, mode="ar").tokens == before
     with pytest.raises(SpecExportError, match=r"deep\.onnx"):
         load(copy, threads=1)
+
+
+def test_ctrl_c_during_generate_exits_130_with_the_text_so_far(tiny_bundles):
+    proc = subprocess.Popen([sys.executable, "-m", "specexport.cli.main", "generate", "--bundle", str(tiny_bundles()),
+                             "--max-new-tokens", "200", "--mode", "ar", "hash table"], env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = proc.stdout.read(1)  # text is streaming: interrupt now
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert (first + rest).strip(), "the text streamed before the interrupt was lost"
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "interrupted"
