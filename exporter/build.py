@@ -235,16 +235,19 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
         dtype = PRECISIONS[precision]
 
         stage("exporting shallow")
-        shallow = llama_graph.build_shallow(dims, weights.rope, weights.embed, weights.layers[:ell], flavour, dtype)
+        shallow = llama_graph.build_shallow(dims, weights.rope, weights.embed, weights.layers[:ell], flavour, dtype,
+                                            weights.arch)
         shallow, qinfo = quantized(shallow)
-        writer.add_piece("shallow", for_target(shallow), flavour, layers=[0, ell], **qinfo)
+        writer.add_piece("shallow", for_target(shallow), flavour, layers=[0, ell], **qinfo,
+                         **weights.attention_fields(range(ell)))
         del shallow
         stages.update()
         stage("exporting deep")
         deep = llama_graph.build_deep(dims, weights.rope, weights.layers[ell:], weights.final_norm,
-                                      weights.lm_head, flavour, dtype)
+                                      weights.lm_head, flavour, dtype, weights.arch)
         deep, qinfo = quantized(deep)
-        writer.add_piece("deep", for_target(deep), flavour, layers=[ell, dims.layers], **qinfo)
+        writer.add_piece("deep", for_target(deep), flavour, layers=[ell, dims.layers], **qinfo,
+                         **weights.attention_fields(range(ell, dims.layers)))
         del deep
         stages.update()
 
@@ -273,9 +276,10 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
             drafter_model, drafter_vocab = loaded.model, loaded.vocab_map
             dw = extract(drafter_model, context)
             graph = llama_graph.build_drafter(dw.dims, dw.rope, dw.embed, dw.layers, dw.final_norm, dw.lm_head,
-                                              flavour, dtype, vocab_map=drafter_vocab)
+                                              flavour, dtype, vocab_map=drafter_vocab, arch=dw.arch)
             add_draft_piece("drafter", graph, drafter_vocab, "drafter_vocab.npy", dims=dw.dims.as_dict(),
-                            **loaded.manifest)
+                            architecture=drafter_model.config.model_type, **loaded.manifest,
+                            **dw.attention_fields(range(dw.dims.layers)))
             del graph, dw
         stages.update()
 

@@ -12,7 +12,9 @@ from pathlib import Path
 from ..runtime.errors import SpecExportError
 from ..runtime.paths import cache_dir
 
-SUPPORTED_ARCHITECTURES = {"llama": "Llama/SmolLM", "mistral": "Mistral", "qwen2": "Qwen2"}
+# model_type -> the families it covers; what verified each is in the README's supported-models table
+SUPPORTED_ARCHITECTURES = {"llama": "Llama 2/3.x and SmolLM", "mistral": "Mistral", "qwen2": "Qwen2/2.5",
+                           "qwen3": "Qwen3", "phi3": "Phi-3/3.5 and Phi-4-mini", "gemma3_text": "Gemma 3 (text)"}
 GGUF_ARCHITECTURES = {"llama", "mistral", "qwen2"}
 
 
@@ -54,7 +56,7 @@ def _check_architecture(config: dict, where: str) -> None:
     model_type = config.get("model_type", "?")
     if model_type not in SUPPORTED_ARCHITECTURES:
         names = ", ".join(sorted(set(SUPPORTED_ARCHITECTURES.values())))
-        raise SpecExportError(f"{where} is a {model_type!r} model; specexport supports the Llama family: {names}")
+        raise SpecExportError(f"{where} is a {model_type!r} model; specexport supports {names}")
 
 
 def resolve(model: str | Path) -> ModelSource:
@@ -97,8 +99,8 @@ def convert_gguf(path: Path, digest: str) -> Path:
         return target
     arch = _gguf_architecture(path)
     if arch not in GGUF_ARCHITECTURES:
-        names = ", ".join(sorted(set(SUPPORTED_ARCHITECTURES.values())))
-        raise SpecExportError(f"{path.name} is a {arch!r} GGUF; specexport supports the Llama family: {names}")
+        names = ", ".join(sorted(SUPPORTED_ARCHITECTURES[a] for a in GGUF_ARCHITECTURES))
+        raise SpecExportError(f"{path.name} is a {arch!r} GGUF; specexport converts GGUF files of {names}")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -52,10 +52,11 @@ class RMSNorm(nn.Module):
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE on [batch, heads, seq, head_dim] with cos/sin [seq, head_dim // 2]."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    """Rotate-half RoPE on [batch, heads, seq, head_dim] with cos/sin [seq, rotary_dim // 2]: the first
+    rotary_dim features rotate, the rest pass (partial rotary, Phi-4-mini)."""
+    half = cos.shape[-1]
+    x1, x2, rest = x[..., :half], x[..., half:2 * half], x[..., 2 * half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], dim=-1)
 
 
 class Adapter(nn.Module):
@@ -80,17 +81,24 @@ class Adapter(nn.Module):
         self.rope_scaling = rope_scaling
 
     def init_from_target(self, model) -> None:
-        """Start from the target's own layer l (and final norm): a far better start than random."""
-        layer = model.model.layers[self.cfg.exit_layer]
+        """Start from the target's own layer l (and final norm): a far better start than random. Read through
+        hf_weights, so fused projections (Phi-3) come split and (1 + w) norms (Gemma) as the multiplier."""
+        from ..hf_weights import final_norm, layer_weights
+
+        layer = layer_weights(model, self.cfg.exit_layer)
+
+        def put(param, array) -> None:
+            param.copy_(torch.from_numpy(np.ascontiguousarray(array)))
+
         with torch.no_grad():
-            self.input_norm.weight.copy_(layer.input_layernorm.weight)
-            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-                getattr(self, name).weight.copy_(getattr(layer.self_attn, name).weight)
+            put(self.input_norm.weight, layer.input_norm)
+            for name in ("q", "k", "v", "o"):
+                put(getattr(self, f"{name}_proj").weight, getattr(layer.attn, name))
             if self.cfg.arch == "block":
-                self.post_norm.weight.copy_(layer.post_attention_layernorm.weight)
-                for name in ("gate_proj", "up_proj", "down_proj"):
-                    getattr(self, name).weight.copy_(getattr(layer.mlp, name).weight)
-            self.output_norm.weight.copy_(model.model.norm.weight)
+                put(self.post_norm.weight, layer.post_norm)
+                for name in ("gate", "up", "down"):
+                    put(getattr(self, f"{name}_proj").weight, getattr(layer, name))
+            put(self.output_norm.weight, final_norm(model))
 
     def hidden(self, h: torch.Tensor) -> torch.Tensor:
         """[batch, seq, hidden] early-exit states -> the adapter's final normed states (causal)."""

@@ -98,12 +98,10 @@ def resolve_adapter(choice: str | None, model, checkpoint: Path, target_sha: str
     if choice == "none":
         return None, None
     if choice == "untrained":  # for tests and experiments: initialised from layer l, never trained
-        from ..hf_weights import dims_of
+        from ..hf_weights import dims_of, rope_inv_freq
         from .adapter import Adapter, AdapterConfig
 
-        rotary = model.model.rotary_emb
-        adapter = Adapter(AdapterConfig.for_target(dims_of(model.config, 16), exit_layer), rotary.inv_freq.numpy(),
-                          float(getattr(rotary, "attention_scaling", 1.0)))
+        adapter = Adapter(AdapterConfig.for_target(dims_of(model.config, 16), exit_layer), *rope_inv_freq(model))
         adapter.init_from_target(model)
         return adapter.eval(), {"source": "untrained (initialised from layer l)", "exit_layer": exit_layer}
     if choice != "auto":

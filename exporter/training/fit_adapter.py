@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from ...runtime.errors import SpecExportError
 from ...runtime.paths import cache_dir
-from ..hf_weights import dims_of
+from ..hf_weights import dims_of, rope_inv_freq
 from .adapter import Adapter, AdapterConfig
 from .device import Device, resolve_device
 
@@ -260,9 +260,7 @@ def train(model, sequences: list[tuple[np.ndarray, int]], cfg: TrainConfig, out_
 
     torch.manual_seed(cfg.seed)
     model.cpu()  # the adapter starts from the target's weights on the host, then both move to the device
-    rotary = model.model.rotary_emb
-    adapter = Adapter(AdapterConfig.for_target(dims, cfg.exit_layer, cfg.arch), rotary.inv_freq.numpy(),
-                      float(getattr(rotary, "attention_scaling", 1.0)))
+    adapter = Adapter(AdapterConfig.for_target(dims, cfg.exit_layer, cfg.arch), *rope_inv_freq(model))
     adapter.init_from_target(model)
     adapter.to(dev.torch)
     model.to(dev.torch)  # raw_exit_agreement runs its final norm
@@ -356,8 +354,7 @@ def load_adapter(path: Path, model, target_sha: str | None = None) -> tuple[Adap
         raise SpecExportError(f"adapter {directory} was trained for another target model (sha256"
                               f" {meta['target_sha256'][:12]}…, this one is {target_sha[:12]}…); train one for it")
     cfg = AdapterConfig(**meta["config_adapter"])
-    rotary = model.model.rotary_emb
-    adapter = Adapter(cfg, rotary.inv_freq.numpy(), float(getattr(rotary, "attention_scaling", 1.0)))
+    adapter = Adapter(cfg, *rope_inv_freq(model))
     adapter.load_state_dict({k: v.float() for k, v in load_file(str(directory / ADAPTER_FILE)).items()})
     adapter.eval()
     counts = directory / COUNTS_FILE
