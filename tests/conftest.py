@@ -63,13 +63,81 @@ def make_tiny_checkpoint(path: Path, layers: int = 4, seed: int = 0, model_type:
     return path
 
 
+# tiny configs of the other supported families (tests/test_architectures.py); a window smaller than the tests'
+# sequences wherever the family has one. Unless set: hidden 64, 4 heads of 16 over 2 KV heads.
+ARCH_CONFIGS = {
+    # Llama 3.x: frequency-dependent inv_freq (rope_type llama3), tied embeddings
+    "llama3": ("LlamaConfig", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                                   "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                   "original_max_position_embeddings": 64},
+                               "tie_word_embeddings": True}),
+    # Qwen2/2.5: q/k/v biases, untied head
+    "qwen2": ("Qwen2Config", {"tie_word_embeddings": False}),
+    # Qwen3: per-head q/k RMSNorm; its layers 2 and 3 slide over 8 positions
+    "qwen3": ("Qwen3Config", {"head_dim": 16, "tie_word_embeddings": True, "use_sliding_window": True,
+                              "sliding_window": 8, "max_window_layers": 2}),
+    # Phi-3.5 / Phi-4-mini: fused qkv and gate_up, LongRoPE (short factors below 4096 positions) over the
+    # first 16 of 32 features (partial rotary; GroupQueryAttention wants rotary_dim / 2 a multiple of 8)
+    "phi3": ("Phi3Config", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
+                                                "partial_rotary_factor": 0.5,
+                                                "short_factor": [1.0, 1.05, 1.1, 1.2, 1.3, 1.6, 2.0, 2.5],
+                                                "long_factor": [1.0, 1.5, 2.0, 2.5, 4.0, 6.0, 9.0, 12.0],
+                                                "original_max_position_embeddings": 4096},
+                            "num_attention_heads": 2, "num_key_value_heads": 1,
+                            "partial_rotary_factor": 0.5, "max_position_embeddings": 16384,
+                            "original_max_position_embeddings": 4096, "sliding_window": None,
+                            "tie_word_embeddings": False}),
+    # Mistral: every layer slides over 8 positions
+    "mistral": ("MistralConfig", {"sliding_window": 8, "tie_word_embeddings": False}),
+    # Gemma 3: 2 local layers (window 8, own RoPE base) per global one, q/k norms, (1 + w) norms, sandwich
+    # norms, scaled embeddings, GELU-tanh, query_pre_attn_scalar, final logit soft-capping
+    "gemma3_text": ("Gemma3TextConfig", {"head_dim": 16, "sliding_window": 8, "query_pre_attn_scalar": 24,
+                                         "layer_types": ["sliding_attention", "sliding_attention", "full_attention",
+                                                         "sliding_attention", "sliding_attention", "full_attention"],
+                                         "rope_parameters": {
+                                             "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                                             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+                                         "final_logit_softcapping": 30.0, "hidden_activation": "gelu_pytorch_tanh",
+                                         "tie_word_embeddings": True}),
+}
+
+
+def make_arch_checkpoint(path: Path, arch: str, seed: int = 0, **overrides) -> Path:
+    """A tiny random model of one of ARCH_CONFIGS' families from transformers' own config class, with the
+    tiny tokenizer; 2-D weights scaled up as in make_tiny_checkpoint, norms and biases randomised so that
+    (1 + w) norms and biases are really exercised."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    tok = _tiny_tokenizer(path)
+    torch.manual_seed(seed)
+    class_name, extra = ARCH_CONFIGS[arch]
+    settings = {"vocab_size": len(tok), "hidden_size": 64, "intermediate_size": 128,
+                "num_hidden_layers": len(extra.get("layer_types", [])) or 4, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "max_position_embeddings": 512, "rms_norm_eps": 1e-6,
+                "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id,
+                "pad_token_id": tok.pad_token_id, **extra, **overrides}
+    cfg = getattr(transformers, class_name)(**settings)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(8.0)
+            else:
+                p.add_(torch.randn(p.shape, generator=gen) * 0.2)
+    model.save_pretrained(path)
+    return path
+
+
 def make_noisy_drafter(checkpoint: Path, out: Path) -> Path:
     """A drafter that agrees with the target about half the time: the target with 1% weight noise (an
     independently initialised model never agrees with a random target, so no draft would be accepted)."""
     import torch
-    from transformers import AutoTokenizer, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = LlamaForCausalLM.from_pretrained(checkpoint)
+    model = AutoModelForCausalLM.from_pretrained(checkpoint)
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in model.parameters():
