@@ -19,9 +19,9 @@ local RoPE table (Gemma 3), Gemma's sandwich norms, GELU-tanh MLP, attention sca
 
 A sliding-window layer of window W sees the keys at positions p - W + 1 .. p for a query at position p
 (transformers' ``kv_idx > q_idx - sliding_window``). Both flavours fold that into the layer's attention
-bias: columns (cache slots) at or below ``position - W`` get -inf. A committed key's slot is its position;
-a token tree's own tokens sit in slots past its base, all visible to a descendant as long as the tree is
-less than W deep, so one rule serves chains and trees. The cache stays full length.
+bias: a column (cache slot) whose key sits at a position at or below ``p - W`` gets -inf. A committed key's
+position is its slot; the call's own tokens take the slots from position_ids[0] on, at their position_ids
+(a token tree's go by depth), so one rule serves chains and trees of any depth. The cache stays full length.
 """
 
 from __future__ import annotations
@@ -169,16 +169,26 @@ class PieceGraph:
         return self._tables[which]
 
     def bias_for(self, window: int | None) -> str:
-        """The attention bias of a layer: the input itself, or for a sliding window W the input with every
-        cache slot at or below position - W set to the most negative float (made once per W)."""
+        """The attention bias of a layer: the input itself, or for a sliding window W the input with every key
+        whose position is at or below the query's position - W set to the most negative float (made once per
+        W). A key's position is its slot for what the cache held before this call, and for the slots this
+        call's tokens take (consecutive from position_ids[0]) their position_ids: a token tree's positions go
+        by depth, so a tree deeper than W drops its own far ancestors exactly as their chain would."""
         if window is None or window >= self.dims.max_context:
             return self.attention_bias
         if window not in self._window_bias:
             b = self.b
+            pos = self.position_ids  # [b, s]
             width = b.op("Gather", [b.op("Shape", [self.attention_bias]), b.const(3)], axis=0)
             slot = b.op("Range", [b.const(0), width, b.const(1)])  # [T]
-            pos = b.op("Unsqueeze", [self.position_ids, b.const([1, 3])])  # [b, 1, s, 1]
-            seen = b.op("Greater", [slot, b.op("Sub", [pos, b.const(np.int64(window))])])  # [b, 1, s, T]
+            offset = b.op("Sub", [slot, b.op("Slice", [pos, b.const([0]), b.const([1]), b.const([1])])])  # [b, T]
+            last = b.op("Sub", [b.op("Gather", [b.op("Shape", [pos]), b.const(1)], axis=0), b.const(np.int64(1))])
+            index = b.op("Min", [b.op("Max", [offset, b.const(np.int64(0))]), last])
+            key_pos = b.op("Where", [b.op("Less", [offset, b.const(np.int64(0))]), slot,
+                                     b.op("GatherElements", [pos, index], axis=1)])  # [b, T]
+            key_pos = b.op("Unsqueeze", [key_pos, b.const([1, 2])])  # [b, 1, 1, T]
+            query = b.op("Unsqueeze", [pos, b.const([1, 3])])  # [b, 1, s, 1]
+            seen = b.op("Greater", [key_pos, b.op("Sub", [query, b.const(np.int64(window))])])  # [b, 1, s, T]
             neg = b.const(np.asarray(np.finfo(self.kv_dtype).min, dtype=self.kv_dtype), dtype=self.kv_dtype)
             self._window_bias[window] = b.op("Where", [seen, self.attention_bias, neg])
         return self._window_bias[window]
