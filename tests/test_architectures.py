@@ -260,3 +260,18 @@ def test_a_tree_deeper_than_the_window_equals_each_branch_as_a_chain(family, arc
         chain = [tokens[j] for j in path[::-1]]
         want = pieces.deep.run(pieces.shallow.run(ids_array(chain), pos)["hidden"], pos, keep=len(chain))["logits"]
         _close(got[i], want[0, -1], 1e-5)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "phi3", "gemma3_text"])
+def test_int4_build_passes_parity_and_stays_lossless(family, arch, tmp_path):
+    """MatMulNBits weights (Phi-3's fused projections split and repacked, Gemma's sandwich norms, Qwen3's q/k norms):
+    the build's checks against PyTorch running the same rounded weights pass, and speculation equals AR."""
+    from specexport.exporter.build import build_bundle
+
+    fam = family(arch)
+    build_bundle(tmp_path / "int4", model=str(fam["checkpoint"]), drafter=str(fam["drafter"]), adapter="untrained",
+                 exit_layer=EXIT, context=CONTEXT, precision="int4")
+    session = load(tmp_path / "int4", threads=1)
+    ar = session.generate(PROMPTS[0], max_new_tokens=NEW_TOKENS, mode="ar").tokens
+    for how in ({"mode": "self", "gamma": 3, "eta": 0.0}, {"mode": "model", "tree": "4:3:2:10"}):
+        assert session.generate(PROMPTS[0], max_new_tokens=NEW_TOKENS, **how).tokens == ar, how
