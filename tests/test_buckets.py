@@ -92,3 +92,16 @@ def test_kv_traffic_per_step_follows_the_bucket():
     assert early["in place (10.15+)"] == per_slot * 2050
     late = step_bytes(layers, 2, position=2000, context=2048)
     assert late["swap, bucketed"] == late["swap, whole context"]
+
+
+def test_in_place_graphs_are_bound_whole_at_any_context(tiny_checkpoint, tmp_path):
+    """The TensorScatter form fixes cache_len at the context: no bucket, whatever the context (its build's
+    parity check runs the pieces on ONNX Runtime)."""
+    from specexport.exporter.build import build_bundle
+
+    out = tmp_path / "inplace"
+    build_bundle(out, model=str(tiny_checkpoint), context=256, adapter="none", backend="tensorrt",
+                 target="rtx-4090", plan_only=True)
+    session = load(out, threads=1)
+    assert session.pieces.deep._buckets is None
+    assert len(session.generate("hash table", max_new_tokens=150, mode="ar").tokens) == 150

@@ -25,6 +25,13 @@ import numpy as np
 BUCKET_MIN = 128
 
 
+def dynamic_cache_len(inputs) -> bool:
+    """Whether a piece's caches take any length (`cache_len` a named axis); the in-place (TensorScatter)
+    graphs fix it at the context, and are always bound whole."""
+    caches = [t for t in inputs if t.name.startswith("past_")]
+    return bool(caches) and all(isinstance(t.shape[2], str) for t in caches)
+
+
 def bucket(length: int, context: int) -> int:
     """The cache length bound for a call whose last position is `length - 1`."""
     size = BUCKET_MIN

@@ -9,7 +9,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ..errors import SpecExportError
-from .buckets import CacheBuckets, relayout_host, view
+from .buckets import CacheBuckets, dynamic_cache_len, relayout_host, view
 from .common import TensorSpec, TreeMask, bias_input, bias_spec, control_feeds
 
 _AXES = ("batch", "seq", "kept")  # the named axes of a piece's results that a call fixes
@@ -100,7 +100,8 @@ class OrtPiece:
         self.device = next((DEVICE_PROVIDERS[p] for p in self.session.get_providers() if p in DEVICE_PROVIDERS),
                            None)
         # swap mode on the host: flat buffers for the full context, bound a bucket at a time
-        self._buckets = CacheBuckets(max_context) if self.kv_mode == "swap" and self.device is None else None
+        self._buckets = (CacheBuckets(max_context) if self.kv_mode == "swap" and self.device is None
+                         and dynamic_cache_len(self.inputs) else None)
         self._shapes: list[tuple[int, ...]] = []
         for t in self.inputs:
             if not t.name.startswith("past_"):

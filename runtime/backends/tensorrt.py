@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import SpecExportError
-from .buckets import CacheBuckets, Relayout
+from .buckets import CacheBuckets, Relayout, dynamic_cache_len
 from .common import TensorSpec, TreeMask, bias_input, bias_spec, control_feeds
 
 PRIMARY_INPUTS = ("input_ids", "hidden_in")
@@ -248,7 +248,8 @@ class TrtPiece:
         self._kv_dtype = next((t.dtype for t in self.inputs if t.name.startswith("past_")), "float32")
         # swap mode (TensorRT before 10.15) reads and writes its whole bound cache each call: bind a bucket
         # that follows the used length (buckets.py); in place, the engine writes only the new entries
-        self._buckets = CacheBuckets(max_context) if self.kv_mode == "swap" and self._kv else None
+        self._buckets = (CacheBuckets(max_context) if self.kv_mode == "swap" and self._kv
+                         and dynamic_cache_len(self.inputs) else None)
         self._in = {t.name: self._alloc(self._capacity(t)) for t in self.inputs
                     if not t.name.startswith("past_") and t.name not in self.shape_tensors}
         self._host_shape_values = {t.name: np.zeros([int(d) for d in t.shape], dtype=t.dtype)
