@@ -27,7 +27,8 @@ PROMPTS = ["Explain how a hash table works.", "Write a haiku about the sea.", "W
 VARIANTS = [
     {"mode": "ar"}, {"mode": "self"}, {"mode": "model"}, {"mode": "lookup"}, {"mode": "hier"}, {"mode": "auto"},
     {"mode": "auto", "temperature": 0.8, "top_p": 0.9}, {"mode": "self", "temperature": 0.7, "top_k": 40},
-    {"mode": "auto", "stop": ["\n\n", "."]}, {"tree": "4:3:2:10:0.08:0.3"}, {"tree": "8:4:2"},
+    {"mode": "auto", "stop": ["\n\n", "."]}, {"mode": "model", "tree": "4:3:2:10:0.08:0.3"},
+    {"mode": "model", "tree": "8:4:2"},
     {"mode": "self", "policy": "entropy"}, {"mode": "model", "policy": "goodput"},
     {"mode": "model", "schedule": "pearl"},
 ]
@@ -50,6 +51,9 @@ def soak(bundle: str, generations: int, every: int, max_new_tokens: int, threads
 
     session = load(bundle, threads=threads)
     variants = [v for v in VARIANTS if _runs(session, v)]
+    left_out = [v for v in VARIANTS if v not in variants]
+    if left_out:
+        print(f"left out (the bundle cannot run them): {left_out}", file=sys.stderr)
     samples = [{"generations": 0, "rss_mb": rss_mb(), "open_fds": open_fds(), "seconds": 0.0}]
     t0 = time.perf_counter()
     tokens = 0
@@ -62,7 +66,7 @@ def soak(bundle: str, generations: int, every: int, max_new_tokens: int, threads
     warm = samples[1] if len(samples) > 1 else samples[0]
     last = samples[-1]
     return {"bundle": bundle, "generations": generations, "every": every, "max_new_tokens": max_new_tokens,
-            "variants": variants, "tokens": tokens, "samples": samples,
+            "variants": variants, "left_out": left_out, "tokens": tokens, "samples": samples,
             "rss_growth_after_warmup": round(last["rss_mb"] / warm["rss_mb"] - 1, 4),
             "fds_after_warmup": [s["open_fds"] for s in samples[1:]]}
 
