@@ -5,7 +5,7 @@ Why a separate interpreter: the GenAI builder needs transformers >= 5 (and bring
 while the exporter's environment pins its own range. `make bench-env` makes `.venv-genai` with the
 builder's requirements; the bench finds it (or takes `--genai-python` / $SPECEXPORT_ORTGENAI_PYTHON) and
 talks to it through ortgenai_worker.py over a pipe. The builder is fed the local checkpoint
-directory the bundle's manifest records under provenance.checkpoint, offline: nothing is downloaded.
+directory found from the hash the bundle's manifest records (provenance.source_sha256), offline: nothing is downloaded.
 Built models are kept under the cache (``$SPECEXPORT_CACHE/ortgenai``, git-ignored) and reused.
 """
 

@@ -38,6 +38,7 @@ from .questions import DEFAULT_MAX_PROMPT_TOKENS, Question, cut_text, load_quest
 from .systems import Skip, SpecExportSystem, System
 
 if TYPE_CHECKING:
+    from ..runtime.manifest import Manifest
     from ..runtime.session import Session
 
 DEFAULT_MAX_NEW_TOKENS = 128
@@ -68,6 +69,7 @@ class BenchConfig:
     threads: int | None = None  # None: bench_machine.default_threads()
     genai_python: str | None = None  # None: bench_ortgenai.find_python()
     command: str = ""
+    expect_digest: str | None = None  # refuse any bundle but this one (its manifest's SHA-256)
 
 
 def thread_pool() -> str:
@@ -77,9 +79,14 @@ def thread_pool() -> str:
     return "shared" if shared_pool_in_use() else "per-session"
 
 
-def _checkpoint(manifest: dict) -> Path | None:
-    path = manifest.get("provenance", {}).get("checkpoint")
-    return Path(path) if path else None
+def _checkpoint(manifest: Manifest) -> Path | None:
+    """The bundle's source checkpoint on this machine, found by the hash its manifest records (the HF and
+    ORT GenAI baselines start from it)."""
+    try:
+        from ..exporter.model_source import find_checkpoint
+    except ImportError:  # without the exporter's extra there is no checkpoint cache either
+        return None
+    return find_checkpoint(manifest.provenance.source_sha256)
 
 
 def variants(cfg: BenchConfig) -> list[tuple[str | None, str | None]]:
@@ -142,9 +149,9 @@ def make_systems(session: Session, cfg: BenchConfig, threads: int,
 
     manifest = session.bundle.manifest
     checkpoint = _checkpoint(manifest)
-    source_key = manifest.get("provenance", {}).get("source_sha256") or ""
+    source_key = manifest.provenance.source_sha256
     eos = set(session.codec.eos_ids)
-    precision = manifest.get("graph", {}).get("precision", "fp32")
+    precision = manifest.precision
 
     def genai(p: str) -> OrtGenAISystem:
         return OrtGenAISystem(checkpoint, eos, p, threads, cfg.genai_python, source_key, log)
@@ -310,7 +317,7 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None, log: Callable[
     qpath = resolve_questions(cfg.questions)
     questions = load_questions(qpath, cfg.categories, cfg.limit)
 
-    session = load(cfg.bundle, threads=threads)
+    session = load(cfg.bundle, threads=threads, expect_digest=cfg.expect_digest)
     prompts = prepare_prompts(session, questions, cfg.max_prompt_tokens)
     candidates, skipped = make_systems(session, cfg, threads, log)
     warmup = (prompts[0][0][-WARMUP_PROMPT_TOKENS:], min(WARMUP_NEW_TOKENS, cfg.max_new_tokens)) if cfg.warmup else None
@@ -344,11 +351,9 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None, log: Callable[
         "machine": {**machine_info(), "loadavg_start": load_start, "loadavg_end": loadavg()},
         "versions": {**versions(), "ortgenai_env": genai_env},
         "bundle": {
-            "path": str(Path(cfg.bundle).resolve()), "name": manifest.get("name"),
-            "precision": manifest.get("graph", {}).get("precision"),
-            "flavour": manifest.get("graph", {}).get("flavour"),
-            "exit_layer": manifest.get("model", {}).get("exit_layer"),
-            "pieces": list(manifest.get("pieces", {})),
+            "path": str(Path(cfg.bundle).resolve()), "name": manifest.name, "digest": session.bundle.digest,
+            "precision": manifest.precision, "flavour": manifest.graph.flavour,
+            "exit_layer": manifest.model.exit_layer, "pieces": list(manifest.pieces),
             "checkpoint": str(checkpoint) if checkpoint else None,
         },
         "settings": {

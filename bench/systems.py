@@ -80,7 +80,7 @@ class SpecExportSystem(System):
             variant = [f"tree{tree}"]
         self.name = "-".join(["specexport", mode, *variant])
         self.label = "specexport AR" if mode == "ar" else " · ".join([f"specexport {mode}", *variant])
-        self.precision = session.bundle.manifest.get("graph", {}).get("precision", "fp32")
+        self.precision = session.bundle.manifest.precision
         self.note = note or (f"ONNX Runtime, intra-op threads: {threads}" if threads else "ONNX Runtime")
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int) -> RunResult:

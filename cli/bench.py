@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from .options import EXPECT_DIGEST
+
 
 def _csv(value: str | None) -> list[str] | None:
     if value is None:
@@ -56,8 +58,10 @@ def register(main: click.Group) -> None:
     @click.option("--no-warmup", is_flag=True, help="Skip each system's untimed warm-up run.")
     @click.option("--no-memory", is_flag=True, help="Skip the peak-memory probe of `specexport generate`.")
     @click.option("--json", "as_json", is_flag=True, help="Print report.json on stdout.")
+    @EXPECT_DIGEST
     def bench(bundle, questions, categories, limit, max_new_tokens, max_prompt_tokens, modes, schedules, policies,
-              trees, baselines, out, threads, genai_python, repeats, no_warmup, no_memory, as_json) -> None:
+              trees, baselines, out, threads, genai_python, repeats, no_warmup, no_memory, as_json,
+              expect_digest) -> None:
         """Spec-Bench through the bundle's modes and its peers, interleaved per question; writes
         report.json, report.md and report.png. Baselines whose package is missing are skipped with the
         reason (`make bench-env` installs them).
@@ -79,7 +83,8 @@ def register(main: click.Group) -> None:
                           max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens, modes=_csv(modes),
                           schedules=_csv(schedules), policies=_csv(policies), trees=_csv(trees),
                           baselines=_csv(baselines) or [], warmup=not no_warmup, repeats=repeats, memory=not no_memory,
-                          threads=threads, genai_python=genai_python, command=" ".join(["specexport", *sys.argv[1:]]))
+                          threads=threads, genai_python=genai_python, command=" ".join(["specexport", *sys.argv[1:]]),
+                          expect_digest=expect_digest)
         bar = tqdm(total=0, unit="run", file=sys.stderr, dynamic_ncols=True, disable=None)
 
         def log(message: str) -> None:

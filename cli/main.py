@@ -14,6 +14,7 @@ from ..runtime.choices import MODES, SCHEDULES, VERIFY_RULES
 from ..runtime.errors import SpecExportError
 from ..runtime.options import OptionError
 from . import process
+from .options import EXPECT_DIGEST
 from .process import EXIT_USAGE, fail
 
 
@@ -96,16 +97,15 @@ def build(out, recipe, model, exit_layer, context, flavour, precision, adapter, 
                             flavour=flavour, force=force, adapter=adapter, command=_command(), backend=backend,
                             target=target, plan_only=plan_only, precision=precision, drafter=drafter)
     if as_json:
-        click.echo(json.dumps(manifest, indent=2))
+        click.echo(manifest.to_json(), nl=False)
     else:
-        pieces = ", ".join(manifest["pieces"])
-        click.echo(f"wrote {out} ({pieces}; exit layer {manifest['model']['exit_layer']};"
-                   f" {manifest['graph']['precision']})", err=True)
-        trt = manifest.get("tensorrt") or {}
-        if trt.get("plan"):
-            built = len(trt["engines"])
-            click.echo(f"TensorRT plan for {trt['target']['name']}: {built} engine(s) built" if built else
-                       f"TensorRT plan for {trt['target']['name']}: build the engines on the device with"
+        click.echo(f"wrote {out} ({', '.join(manifest.pieces)}; exit layer {manifest.model.exit_layer};"
+                   f" {manifest.precision})", err=True)
+        trt = manifest.tensorrt
+        if trt.plan:
+            built, name = len(trt.engines), (trt.target or {}).get("name")
+            click.echo(f"TensorRT plan for {name}: {built} engine(s) built" if built else
+                       f"TensorRT plan for {name}: build the engines on the device with"
                        f" `specexport engines build {out}` or sh {out}/tensorrt/build_all.sh", err=True)
 
 
@@ -261,9 +261,10 @@ def generate_mode(mode: str | None, drafter: str | None, hierarchy: str | None) 
 @click.option("--threads", type=int, default=None, help="Threads per ONNX Runtime session (default: all cores).")
 @click.option("--provider", "providers", multiple=True,
               help="ONNX Runtime execution provider, in order (default: CPUExecutionProvider).")
+@EXPECT_DIGEST
 def generate(prompt, bundle, max_new_tokens, mode, temperature, top_k, top_p, seed, stop, system, raw, gamma,
              eta, policy, schedule, drafter, hierarchy, verify, beta, tau, tree, stats, as_json, backend, threads,
-             providers) -> None:
+             providers, expect_digest) -> None:
     """Generate from PROMPT ('-' reads stdin); text streams to stdout, stats and errors to stderr."""
     from ..runtime.options import make_options
     from ..runtime.session import load
@@ -284,7 +285,8 @@ def generate(prompt, bundle, max_new_tokens, mode, temperature, top_k, top_p, se
         from ..runtime.backends.ort import use_shared_thread_pool
 
         use_shared_thread_pool(threads)  # one warm thread pool for all pieces
-    session = load(bundle, backend=backend, providers=list(providers) or None, threads=pieces_threads)
+    session = load(bundle, backend=backend, providers=list(providers) or None, threads=pieces_threads,
+                   expect_digest=expect_digest)
     request = session.stream(prompt, **opts)
     if as_json:
         result = request.generation()
@@ -325,6 +327,10 @@ _register_subcommands()
 
 def entry() -> None:
     process.OWNS_PROCESS = True
+    if not sys.stderr.isatty():
+        # a log or a pipe gets our one line per stage and the error, not Hugging Face's redrawn bars (read
+        # when transformers is imported, which happens later, in the commands that need it)
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     main()
 
 

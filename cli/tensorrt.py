@@ -30,11 +30,11 @@ def _exporter(what: str):
 def check(bundle, target, as_json) -> None:
     """Check every node of every piece against the target's TensorRT operator matrix (no TensorRT needed);
     exit 1 naming the nodes TensorRT cannot parse."""
-    from ..runtime.manifest import read_manifest
+    from ..runtime.bundle import read_manifest
 
     trt_opcheck, _, _ = _exporter("the TensorRT operator check")
     manifest = read_manifest(bundle)
-    report = trt_opcheck.check_pieces(bundle, manifest["pieces"], target)
+    report = trt_opcheck.check_pieces(bundle, manifest.pieces, target)
     click.echo(json.dumps(report.as_dict(), indent=2) if as_json else report.render())
     report.raise_if_failed()
 
@@ -59,9 +59,9 @@ def engines_build(bundle, pieces, timing_cache, adopt, any_device) -> None:
 
     manifest = build_engines(bundle, pieces=list(pieces) or None, timing_cache=timing_cache, adopt=adopt,
                              any_device=any_device, log=lambda m: click.echo(m, err=True))
-    for e in manifest["tensorrt"]["engines"]:
-        click.echo(f"{e['piece']}: {e['file']} (TensorRT {e['tensorrt_version']}, compute capability"
-                   f" {e['compute_capability']}, {e['size_bytes'] / 1e6:.1f} MB)")
+    for e in manifest.tensorrt.engines:
+        click.echo(f"{e.piece}: {e.file} (TensorRT {e.tensorrt_version}, compute capability"
+                   f" {e.compute_capability}, {e.size_bytes / 1e6:.1f} MB)")
 
 
 @engines.command("plan")
@@ -70,19 +70,11 @@ def engines_build(bundle, pieces, timing_cache, adopt, any_device) -> None:
 def engines_plan(bundle, target) -> None:
     """(Re)write the TensorRT plan and trtexec scripts of an existing fp16 standard-flavour bundle; engines
     built for an earlier plan are dropped from the manifest."""
-    from ..exporter.tensorrt.engines import write_manifest
-    from ..runtime.manifest import read_manifest
+    _exporter("planning TensorRT engines")
+    from ..exporter.tensorrt.engines import plan_bundle
 
-    _, trt_plan, _ = _exporter("planning TensorRT engines")
-    manifest = read_manifest(bundle)
-    section = trt_plan.plan_tensorrt(bundle, manifest["pieces"], target,
-                                     context=int(manifest["model"]["dims"]["max_context"]))
-    manifest["tensorrt"] = section
-    manifest.setdefault("files", {}).update(section["files"])
-    for stale in [k for k in manifest["files"] if k.endswith(".engine")]:
-        del manifest["files"][stale]
-    write_manifest(bundle, manifest)
-    click.echo(f"planned {', '.join(section['plan'])} for {section['target']['name']}; build on the device with"
+    section = plan_bundle(bundle, target).tensorrt
+    click.echo(f"planned {', '.join(section.plan)} for {section.target['name']}; build on the device with"
                f" `specexport engines build {bundle}` or sh {bundle}/tensorrt/build_all.sh", err=True)
 
 
@@ -91,9 +83,9 @@ def engines_plan(bundle, target) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest's tensorrt section as JSON.")
 def engines_list(bundle, as_json) -> None:
     """Show the bundle's TensorRT plan and engines (no TensorRT needed)."""
-    from ..runtime.manifest import read_manifest
+    from ..runtime.bundle import read_manifest
 
-    section = read_manifest(bundle).get("tensorrt") or {}
+    section = read_manifest(bundle).to_dict()["tensorrt"]
     if as_json:
         click.echo(json.dumps(section, indent=2))
         return

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime
+import os
 import platform
+import shlex
 import sys
 from pathlib import Path
 
@@ -11,9 +13,20 @@ import numpy as np
 from tqdm import tqdm
 
 from ..runtime.errors import SpecExportError
+from ..runtime.manifest import (
+    GenerationDefaults,
+    GraphInfo,
+    ModelInfo,
+    Provenance,
+    SpeculativeDefaults,
+    TensorRTSection,
+    TokenizerInfo,
+    read_record,
+    sha256_file,
+)
 from . import llama_graph, model_source, multirow, parity, quantize
 from .bundle import BundleWriter
-from .chat import render_chat
+from .chat import chat_format
 from .hf_weights import extract
 from .onnx_builder import OPSET
 from .recipe import load_recipe, with_overrides
@@ -23,6 +36,25 @@ PRECISIONS = {"fp32": np.float32, "fp16": np.float16, "int8": np.float32, "int4"
 BACKENDS = ("onnxruntime", "tensorrt")
 OPSET_NOTES = {OPSET: "opset 17: parsed by TensorRT 10.3 (JetPack 6) and later",
                24: "opset 24: TensorScatter cache writes, which TensorRT 10.15 and later update in place"}
+
+
+def portable_command(command: str) -> str:
+    """The command line as the manifest records it: a path outside the working directory by its name only,
+    one inside it relative to it (a bundle carries no path of the build machine)."""
+    def portable(arg: str) -> str:
+        opt, eq, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+        if not os.path.isabs(value):
+            return arg
+        try:
+            value = Path(value).relative_to(Path.cwd()).as_posix()
+        except ValueError:
+            value = Path(value).name
+        return f"{opt}{eq}{value}"
+
+    try:
+        return shlex.join(portable(a) for a in shlex.split(command))
+    except ValueError:  # unbalanced quotes: keep only the subcommand
+        return " ".join(command.split()[:2])
 
 
 def versions() -> dict:
@@ -277,7 +309,7 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
             dw = extract(drafter_model, context)
             graph = llama_graph.build_drafter(dw.dims, dw.rope, dw.embed, dw.layers, dw.final_norm, dw.lm_head,
                                               flavour, dtype, vocab_map=drafter_vocab, arch=dw.arch)
-            add_draft_piece("drafter", graph, drafter_vocab, "drafter_vocab.npy", dims=dw.dims.as_dict(),
+            add_draft_piece("drafter", graph, drafter_vocab, "drafter_vocab.npy", dims=dw.dims,
                             architecture=drafter_model.config.model_type, **loaded.manifest,
                             **dw.attention_fields(range(dw.dims.layers)))
             del graph, dw
@@ -308,21 +340,20 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
                                    _reference(torch_model, ell, adapter_module, vocab_map, drafter_model,
                                               drafter_vocab), precision, context, dequantized=dequantized)
         for name, result in report.items():
-            writer.pieces[name]["parity"] = result
+            writer.set_parity(name, result)
         stages.update()
 
-        trt_section = {"engines": []}
+        trt_section: dict = {"engines": []}
         if trt_target is not None:
             from .tensorrt.plan import plan_tensorrt
 
             stage("planning TensorRT engines")
             trt_section = plan_tensorrt(writer.tmp, writer.pieces, trt_target, context=context)
             if not plan_only:
-                from .tensorrt.engines import build_engines
+                from .tensorrt.engines import build_section
 
                 stage("building TensorRT engines")
-                trt_section = build_engines(writer.tmp, {"tensorrt": trt_section, "files": {}}, write=False,
-                                            log=lambda m: tqdm.write(m, file=sys.stderr))["tensorrt"]
+                trt_section = build_section(writer.tmp, trt_section, log=lambda m: tqdm.write(m, file=sys.stderr))
 
         stage("writing bundle")
         tokenizer.save_pretrained(writer.tmp / "tokenizer")
@@ -333,29 +364,22 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
         eos = torch_model.generation_config.eos_token_id
         eos_ids = sorted({*(eos if isinstance(eos, list) else [eos] if eos is not None else []),
                           *([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])})
-        manifest = {
-            "name": cfg.get("name", Path(out).name),
-            "model": {"architecture": torch_model.config.model_type, "dims": dims.as_dict(), "exit_layer": ell,
-                      "bos_token_id": tokenizer.bos_token_id, "eos_token_ids": eos_ids},
-            "graph": {"flavour": flavour, "opset": opset, "precision": precision, "opset_note": OPSET_NOTES[opset],
-                      **({"quantization": qspec.as_dict()} if qspec is not None else {})},
-            "tokenizer": {"file": tok_file, "eos_token_ids": eos_ids, "chat": render_chat(tokenizer),
-                          "chat_template": getattr(tokenizer, "chat_template", None)},
-            "generation": cfg["generation"],
-            "speculative": cfg["speculative"],
-            "tensorrt": trt_section,
-            "provenance": {
-                "source": str(source.origin), "source_sha256": source.origin_sha256,
-                "source_description": source.description, "checkpoint": str(source.checkpoint),
-                "recipe": cfg["path"], "versions": versions(), "command": command,
-                "built_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            },
-        }
-        manifest = writer.commit(manifest)
+        manifest = writer.commit(
+            name=cfg.get("name", Path(out).name),
+            model=ModelInfo(torch_model.config.model_type, dims, ell, tokenizer.bos_token_id, tuple(eos_ids)),
+            graph=GraphInfo(flavour, opset, precision, OPSET_NOTES[opset],
+                            qspec.as_dict() if qspec is not None else None),
+            tokenizer=TokenizerInfo(tok_file, tuple(eos_ids), chat_format(tokenizer),
+                                    getattr(tokenizer, "chat_template", None)),
+            generation=read_record(GenerationDefaults, cfg["generation"], "recipe [generation]"),
+            speculative=read_record(SpeculativeDefaults, cfg["speculative"], "recipe [speculative]"),
+            tensorrt=read_record(TensorRTSection, trt_section, "tensorrt"),
+            provenance=Provenance(
+                source_name=source.origin.name, source_sha256=source.origin_sha256,
+                source_description=source.description, recipe_name=Path(cfg["path"]).name,
+                recipe_sha256=sha256_file(Path(cfg["path"])), versions=versions(), command=portable_command(command),
+                built_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")),
+        )
         stages.update()
         stages.close()
-    if trt_target is not None:  # the commit checksums top-level files only: add the tensorrt/ folder's
-        from .tensorrt.plan import record_files
-
-        manifest = record_files(Path(out), manifest)
     return manifest

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -13,7 +14,17 @@ import onnx
 from onnx import helper
 
 from ..runtime.errors import SpecExportError
-from ..runtime.manifest import MANIFEST, SCHEMA_VERSION, sha256_file
+from ..runtime.manifest import (
+    MANIFEST,
+    SCHEMA_VERSION,
+    DraftVocab,
+    KVBinding,
+    Manifest,
+    Piece,
+    TensorIO,
+    absolute_paths,
+    sha256_file,
+)
 from .onnx_builder import save_model
 
 KV_LAYOUT = "[batch, kv_heads, cache_len, head_dim]"
@@ -26,11 +37,10 @@ KV_MODES = {
 }
 
 
-def io_spec(values) -> list[dict]:
-    return [{"name": v.name,
-             "dtype": helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name,
-             "shape": [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]}
-            for v in values]
+def io_spec(values) -> tuple[TensorIO, ...]:
+    return tuple(TensorIO(v.name, helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name,
+                          tuple(d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim))
+                 for v in values)
 
 
 PARTIAL = ".{name}.partial-"  # + a random suffix: a build's work in progress, beside `--out`
@@ -48,7 +58,7 @@ class BundleWriter:
             raise SpecExportError(f"{self.out} already exists; pass --force to replace it or choose another --out")
         if self.out.exists() and not (self.out / MANIFEST).is_file():
             raise SpecExportError(f"{self.out} exists and is not a bundle; refusing to replace it")
-        self.pieces: dict[str, dict] = {}
+        self.pieces: dict[str, Piece] = {}
         self.tmp: Path | None = None
 
     def __enter__(self) -> BundleWriter:
@@ -70,17 +80,23 @@ class BundleWriter:
             raise SpecExportError(f"writing the bundle failed: {exc.strerror or exc}{where}; nothing was written"
                                   f" to {self.out}, free some space or choose another --out") from None
 
-    def add_piece(self, name: str, model: onnx.ModelProto, flavour: str, **extra) -> dict:
+    def add_piece(self, name: str, model: onnx.ModelProto, flavour: str, **extra) -> Piece:
+        """Saves the piece's graph; ``extra`` are `Piece` fields (draft_vocab may be given as a mapping)."""
         files = save_model(model, self.tmp / f"{name}.onnx")
         mode, how = KV_MODES[flavour]
         inputs = io_spec(model.graph.input)
-        kv_count = sum(1 for t in inputs if t["name"].startswith("past_key."))
-        spec = {"file": files[0].name, "data": files[1].name if len(files) > 1 else None,
-                "inputs": inputs, "outputs": io_spec(model.graph.output),
-                "kv": {"mode": mode, "layout": KV_LAYOUT, "count": kv_count, "binding": how},
-                **extra}
+        kv_count = sum(1 for t in inputs if t.name.startswith("past_key."))
+        if isinstance(extra.get("draft_vocab"), dict):
+            extra["draft_vocab"] = DraftVocab(**extra["draft_vocab"])
+        if extra.get("layers") is not None:
+            extra["layers"] = tuple(extra["layers"])
+        spec = Piece(file=files[0].name, data=files[1].name if len(files) > 1 else None, inputs=inputs,
+                     outputs=io_spec(model.graph.output), kv=KVBinding(mode, KV_LAYOUT, kv_count, how), **extra)
         self.pieces[name] = spec
         return spec
+
+    def set_parity(self, name: str, result: dict) -> None:
+        self.pieces[name] = dataclasses.replace(self.pieces[name], parity=result)
 
     def add_file(self, src: Path, name: str | None = None) -> str:
         name = name or Path(src).name
@@ -90,12 +106,15 @@ class BundleWriter:
     def _drop_owner(self) -> None:
         (self.tmp / OWNER).unlink(missing_ok=True)
 
-    def commit(self, manifest: dict) -> dict:
-        """Checksums every file, writes the manifest, and renames the directory into place."""
+    def commit(self, **sections) -> Manifest:
+        """Checksums every file (the tensorrt/ folder's too), checks and writes the manifest through its
+        types, and renames the directory into place. ``sections``: the `Manifest` fields but the pieces,
+        the files and the schema version."""
         self._drop_owner()  # not a file of the bundle
-        manifest = {"schema_version": SCHEMA_VERSION, **manifest, "pieces": self.pieces}
-        manifest["files"] = {p.name: sha256_file(p) for p in sorted(self.tmp.iterdir()) if p.is_file()}
-        (self.tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        files = {p.relative_to(self.tmp).as_posix(): sha256_file(p)
+                 for p in sorted(self.tmp.rglob("*")) if p.is_file() and p.name != MANIFEST}
+        manifest = Manifest(schema_version=SCHEMA_VERSION, pieces=dict(self.pieces), files=files, **sections)
+        write_manifest(self.tmp, manifest)
         if self.out.exists():
             trash = self.out.with_name(f".{self.out.name}.old")
             shutil.rmtree(trash, ignore_errors=True)
@@ -108,6 +127,22 @@ class BundleWriter:
             shutil.rmtree(self.out.with_name(f".{self.out.name}.old"), ignore_errors=True)
         self.tmp = None
         return manifest
+
+
+def write_manifest(root: Path, manifest: Manifest) -> Manifest:
+    """Checks ``manifest`` as the runtime will read it (and that it names no path of this machine), then
+    writes it in one rename."""
+    plain = manifest.to_dict()
+    local = absolute_paths({k: plain[k] for k in ("provenance", "pieces", "tensorrt")})
+    if local:
+        raise SpecExportError(f"the manifest would record an absolute path of this machine in {local[0]}; a bundle"
+                              " names files by name and SHA-256 (please report this)")
+    checked = Manifest.from_dict(json.loads(json.dumps(plain)))
+    path = Path(root) / MANIFEST
+    tmp = path.with_name(f".{MANIFEST}.tmp")
+    tmp.write_text(checked.to_json())
+    os.replace(tmp, path)
+    return checked
 
 
 def remove_leftovers(out: Path) -> list[Path]:

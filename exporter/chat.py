@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from ..runtime.errors import SpecExportError
+from ..runtime.manifest import ChatFormat
 
 _USER = "\x00SPECEXPORT_USER\x00"
 _SYSTEM = "\x00SPECEXPORT_SYSTEM\x00"
 
 
-def render_chat(tokenizer) -> dict | None:
+def chat_format(tokenizer) -> ChatFormat | None:
     """Single-turn prompt format with and without a system message, or None without a template.
 
     The runtime must not need Jinja; rendering with sentinel contents and splitting on them keeps
@@ -28,7 +29,7 @@ def render_chat(tokenizer) -> dict | None:
         with_system = render([{"role": "system", "content": _SYSTEM}, {"role": "user", "content": _USER}])
         before, rest = with_system.split(_SYSTEM)
         between, after = rest.split(_USER)
-        system = [before, between, after]
+        system = (before, between, after)
     except Exception:  # templates that reject system messages
         system = None
-    return {"user_prefix": prefix, "user_suffix": suffix, "with_system": system}
+    return ChatFormat(prefix, suffix, system)

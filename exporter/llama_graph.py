@@ -31,25 +31,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ..runtime.errors import SpecExportError
+from ..runtime.manifest import Dims  # the manifest's record is the graphs' too
 from .onnx_builder import MS_DOMAIN, GraphBuilder
 
 FLAVOURS = ("ort", "standard")
-
-
-@dataclass(frozen=True)
-class Dims:
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    rms_eps: float
-    max_context: int
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -75,7 +76,8 @@ def resolve(model: str | Path) -> ModelSource:
         if not weights:
             raise SpecExportError(f"{path} has no weight files (*.safetensors or *.bin)")
         digest = hashlib.sha256("".join(sha256_file(w) for w in weights).encode()).hexdigest()
-        return ModelSource(path, path, digest, f"checkpoint {path}")
+        remember_checkpoint(digest, path)
+        return ModelSource(path, path, digest, f"checkpoint {path.name}")
     if path.suffix.lower() != ".gguf":
         raise SpecExportError(f"{path} is neither a checkpoint directory nor a .gguf file")
     digest = sha256_file(path)
@@ -119,6 +121,40 @@ def convert_gguf(path: Path, digest: str) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+CHECKPOINT_INDEX = "checkpoints.json"  # in the models cache: source SHA-256 -> checkpoint directory
+
+
+def remember_checkpoint(digest: str, path: Path) -> None:
+    """Notes where a checkpoint directory with these weights lives on this machine: a manifest records only
+    the hash, and the bench finds the checkpoint again from it (`find_checkpoint`)."""
+    index_path = cache_dir("models") / CHECKPOINT_INDEX
+    try:
+        index = json.loads(index_path.read_text()) if index_path.is_file() else {}
+    except (OSError, json.JSONDecodeError):
+        index = {}
+    if index.get(digest) == str(path.resolve()):
+        return
+    index[digest] = str(path.resolve())
+    index_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = index_path.with_name(f".{CHECKPOINT_INDEX}.{os.getpid()}")
+    tmp.write_text(json.dumps(index, indent=1))
+    os.replace(tmp, index_path)
+
+
+def find_checkpoint(digest: str) -> Path | None:
+    """The fp32 checkpoint of the model whose source has this SHA-256, if this machine has it: a converted
+    GGUF in the cache, or a checkpoint directory a build here used."""
+    converted = cache_dir("models") / digest[:16]
+    if (converted / "config.json").is_file():
+        return converted
+    index_path = cache_dir("models") / CHECKPOINT_INDEX
+    try:
+        path = json.loads(index_path.read_text()).get(digest) if index_path.is_file() else None
+    except (OSError, json.JSONDecodeError):
+        return None
+    return Path(path) if path and (Path(path) / "config.json").is_file() else None
 
 
 def load_model(checkpoint: Path):

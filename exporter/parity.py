@@ -10,6 +10,7 @@ import numpy as np
 
 from ..runtime.backends.ort import OrtPiece
 from ..runtime.errors import SpecExportError
+from ..runtime.manifest import Piece
 
 # max |onnx - torch| / max |torch|, per output; fp16 graphs are compared against the fp32 model
 TOLERANCE = {"fp32": 1e-3, "fp16": 3e-2, "int8": 0.2, "int4": 1.0}
@@ -63,7 +64,7 @@ def _compare(piece: OrtPiece, check: PieceCheck, ref: dict, seq: list[int], wors
                 agree[1] += want.shape[0] * want.shape[1]
 
 
-def run_checks(root: Path, manifest_pieces: dict, checks: list[PieceCheck], sequences: list[list[int]],
+def run_checks(root: Path, manifest_pieces: dict[str, Piece], checks: list[PieceCheck], sequences: list[list[int]],
                reference: Callable[[list[int]], dict], precision: str, max_context: int,
                dequantized: Callable[[list[int]], dict] | None = None) -> dict:
     """Runs every piece on every sequence in two chunks (prefill, then continuation against the cache)
@@ -73,7 +74,7 @@ def run_checks(root: Path, manifest_pieces: dict, checks: list[PieceCheck], sequ
     report: dict[str, dict] = {}
     for check in checks:
         spec = manifest_pieces[check.name]
-        piece = OrtPiece(check.name, root / spec["file"], spec, max_context, ["CPUExecutionProvider"], None)
+        piece = OrtPiece(check.name, root / spec.file, spec, max_context, ["CPUExecutionProvider"], None)
         worst: dict[str, float] = {}
         worst_dq: dict[str, float] = {}
         top1: dict[str, list[int]] = {}  # output -> [agreeing positions, positions]

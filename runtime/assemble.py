@@ -35,6 +35,7 @@ from .drafters import (
     SelfDrafter,
 )
 from .errors import SpecExportError
+from .manifest import ManifestError, SpeculativeDefaults
 from .options import Options
 from .pearl import pearl_loop
 from .policies import DraftPolicy, make_policy
@@ -89,8 +90,8 @@ def resolve_mode(session: Session, mode: str) -> str:
 
 def draft_policy(session: Session, opts: Options, mode: str = "self") -> DraftPolicy:
     spec = session.speculative
-    gamma = opts.gamma if opts.gamma is not None else int(spec.get("gamma", 6))
-    eta = opts.eta if opts.eta is not None else float(spec.get("eta", 0.6))
+    gamma = opts.gamma if opts.gamma is not None else spec.gamma
+    eta = opts.eta if opts.eta is not None else spec.eta
     return make_policy(opts.policy, gamma, eta, cost=lambda gamma_max: session.cost_model(mode, gamma_max))
 
 
@@ -110,19 +111,22 @@ def tree_drafter(session: Session, mode: str, opts: Options, params: SamplingPar
     return TreeDrafter(session.pieces, TreeShape.parse(opts.tree), session.bundle.max_context)
 
 
+def auto_trees(speculative: SpeculativeDefaults) -> dict[str, TreeShape]:
+    """The manifest's per-precision auto trees, parsed when the bundle loads, each checked as a field."""
+    shapes = {}
+    for precision, spec in speculative.auto_tree.items():
+        try:
+            shapes[precision] = TreeShape.parse(spec)
+        except SpecExportError as exc:
+            raise ManifestError(f"manifest field speculative.auto_tree.{precision} is not a tree shape: {exc}"
+                                ) from None
+    return shapes
+
+
 def auto_tree(session: Session) -> TreeShape:
     """auto's tree for the bundle's precision: the recipe's [speculative.auto_tree] (measured per precision,
     recipes/smollm2-135m.toml), else AUTO_TREE."""
-    shapes = session.speculative.get("auto_tree", {})
-    precision = session.bundle.manifest.get("graph", {}).get("precision", "fp32")
-    if not isinstance(shapes, dict) or precision not in shapes:
-        return AUTO_TREE
-    try:
-        return TreeShape.parse(shapes[precision])
-    except SpecExportError:
-        raise SpecExportError(f"bundle {session.bundle.root}: speculative.auto_tree.{precision} in its manifest,"
-                              f" {shapes[precision]!r}, is not a tree shape (NODES[:DEPTH[:WIDTH[:LOOKUP[:KEEP"
-                              "[:EXPAND]]]]]); rebuild the bundle or fix the recipe") from None
+    return session.auto_trees.get(session.bundle.manifest.precision, AUTO_TREE)
 
 
 def _lookup(session: Session, opts: Options) -> LookupDrafter:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .manifest import read_manifest, verify_files
+from .bundle import manifest_digest, parse_manifest, read_manifest_text, verify_files
 
 
 def _size(root: Path, name: str | None) -> int:
@@ -13,20 +13,24 @@ def _size(root: Path, name: str | None) -> int:
 
 def inspect_bundle(root: Path) -> dict:
     root = Path(root)
-    manifest = read_manifest(root)
+    text = read_manifest_text(root)
+    manifest = parse_manifest(root, text)
     bad = verify_files(root, manifest)
+    plain = manifest.to_dict()
     pieces = {}
-    for name, spec in manifest["pieces"].items():
+    for name, spec in manifest.pieces.items():
+        p = plain["pieces"][name]
         pieces[name] = {
-            "file": spec["file"], "bytes": _size(root, spec["file"]) + _size(root, spec.get("data")),
-            "layers": spec.get("layers"), "kv_mode": spec["kv"]["mode"], "kv_count": spec["kv"]["count"],
-            "inputs": spec["inputs"], "outputs": spec["outputs"], "parity": spec.get("parity"),
+            "file": spec.file, "bytes": _size(root, spec.file) + _size(root, spec.data),
+            "layers": p["layers"], "kv_mode": spec.kv.mode, "kv_count": spec.kv.count,
+            "inputs": p["inputs"], "outputs": p["outputs"], "parity": spec.parity,
         }
     return {
-        "bundle": str(root), "name": manifest.get("name"), "schema_version": manifest["schema_version"],
-        "model": manifest["model"], "graph": manifest["graph"], "pieces": pieces,
-        "tensorrt": manifest.get("tensorrt", {}), "provenance": manifest["provenance"],
-        "total_bytes": sum(_size(root, f) for f in manifest["files"]),
+        "bundle": str(root), "name": manifest.name, "schema_version": manifest.schema_version,
+        "digest": manifest_digest(text),
+        "model": plain["model"], "graph": plain["graph"], "pieces": pieces,
+        "tensorrt": plain["tensorrt"], "provenance": plain["provenance"],
+        "total_bytes": sum(_size(root, f) for f in manifest.files),
         "checksums_ok": not bad, "bad_files": bad,
     }
 
@@ -40,6 +44,7 @@ def render(report: dict) -> str:
     d = m["dims"]
     lines = [
         f"bundle   {report['bundle']} ({report['name']}, schema {report['schema_version']})",
+        f"digest   sha256:{report['digest']}",
         f"model    {m['architecture']}: {d['layers']} layers, hidden {d['hidden']}, {d['heads']} heads /"
         f" {d['kv_heads']} KV heads, vocab {d['vocab']}, context {d['max_context']}, exit layer {m['exit_layer']}",
         f"graphs   flavour {g['flavour']}, opset {g['opset']}, {g['precision']}",
@@ -62,6 +67,8 @@ def render(report: dict) -> str:
         f"\n  {e['piece']}: TensorRT {e['tensorrt_version']}, sm_{e['compute_capability']}" for e in engines))
     prov = report["provenance"]
     lines.append(f"source   {prov['source_description']} (sha256 {prov['source_sha256'][:16]}…)")
+    if prov["recipe_name"]:
+        lines.append(f"recipe   {prov['recipe_name']} (sha256 {(prov['recipe_sha256'] or '')[:16]}…)")
     lines.append("built    " + prov["built_at"] + " with " + ", ".join(f"{k} {v}" for k, v in prov["versions"].items()))
     lines.append(f"size     {report['total_bytes'] / 1e6:.1f} MB")
     lines.append("checksums OK" if report["checksums_ok"] else "checksums FAILED: " + ", ".join(report["bad_files"]))

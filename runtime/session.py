@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -10,13 +12,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .assemble import decoder
+from .assemble import auto_trees, decoder
+from .bundle import Bundle, load_bundle
 from .decode import Pieces
 from .drafters import (
     AutoMemory,
 )
 from .errors import SpecExportError
-from .manifest import Bundle, load_bundle
 from .options import Limits, Options, make_options
 from .policies import CostModel, measure_cost
 from .sampling import SamplingParams
@@ -55,11 +57,12 @@ def _open_pieces(bundle: Bundle, backend: str, providers: list[str] | None,
     opened = {name: open_piece(name) for name in bundle.pieces}
 
     def pruned_vocab(piece: str) -> np.ndarray | None:  # FR-Spec: the ids a pruned draft head covers
-        vocab = bundle.pieces.get(piece, {}).get("draft_vocab")
-        return np.load(bundle.root / vocab["file"], allow_pickle=False) if vocab else None
+        spec = bundle.pieces.get(piece)
+        vocab = spec.draft_vocab if spec is not None else None
+        return np.load(bundle.root / vocab.file, allow_pickle=False) if vocab else None
 
     return Pieces(**opened, draft_vocab=pruned_vocab("adapter"), drafter_vocab=pruned_vocab("drafter"),
-                  vocab_size=int(bundle.manifest["model"]["dims"]["vocab"]))
+                  vocab_size=bundle.manifest.model.dims.vocab)
 
 
 class Session:
@@ -72,9 +75,10 @@ class Session:
     def __init__(self, bundle: Bundle, pieces: Pieces) -> None:
         self.bundle = bundle
         self.pieces = pieces
-        self.codec = TextCodec(bundle.root, bundle.manifest["tokenizer"])
-        self.defaults = bundle.manifest.get("generation", {})
-        self.speculative = bundle.manifest.get("speculative", {})
+        self.codec = TextCodec(bundle.root, bundle.manifest.tokenizer)
+        self.defaults = dataclasses.asdict(bundle.manifest.generation)
+        self.speculative = bundle.manifest.speculative
+        self.auto_trees = auto_trees(self.speculative)
         # a verification call's most tokens: a TensorRT engine's widest profile; ONNX Runtime, the context
         self.limits = Limits(bundle.max_context, getattr(pieces.deep, "keep_max", None) or bundle.max_context - 1)
         self.costs: dict[tuple[str, int], CostModel] = {}  # the goodput policy's, measured when first asked for
@@ -188,7 +192,35 @@ class TextStream:
 
 
 def load(bundle: str | Path, backend: str = "onnxruntime", providers: list[str] | None = None,
-         threads: int | dict[str, int] | None = None, verify: bool = True) -> Session:
-    """Open a bundle: checksums verified, one backend session per piece, caches preallocated."""
-    b = load_bundle(bundle, verify=verify)
+         threads: int | dict[str, int] | None = None, verify: bool = True,
+         expect_digest: str | None = None) -> Session:
+    """Open a bundle: checksums verified, one backend session per piece, caches preallocated. With
+    ``expect_digest`` (the SHA-256 `specexport inspect` prints) any other bundle is refused."""
+    b = load_bundle(bundle, verify=verify, expect_digest=expect_digest)
+    check_cache_fits(b)
     return Session(b, _open_pieces(b, backend, providers, threads))
+
+
+def cache_bytes(bundle: Bundle) -> int:
+    """What the pieces' KV caches take at the bundle's context (ONNX Runtime binds one buffer per cache)."""
+    total = 0
+    for spec in bundle.pieces.values():
+        past = next((t for t in spec.inputs if t.name.startswith("past_key.")), None)
+        if past is None:
+            continue
+        dims = spec.dims or bundle.manifest.model.dims
+        per_layer = 2 * dims.kv_heads * dims.head_dim * bundle.max_context * np.dtype(past.dtype).itemsize
+        total += spec.kv.count * per_layer
+    return total
+
+
+def check_cache_fits(bundle: Bundle) -> None:
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not on this platform: nothing to compare with
+        return
+    need = cache_bytes(bundle)
+    if need > memory:
+        raise SpecExportError(f"bundle {bundle.root}'s KV caches take {need / 2**30:.1f} GiB at its context of"
+                              f" {bundle.max_context} tokens, more than this machine's {memory / 2**30:.1f} GiB;"
+                              " rebuild it with a smaller --context")

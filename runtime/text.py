@@ -7,20 +7,27 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from .errors import SpecExportError
+from .manifest import TokenizerInfo
 
 
 class TextCodec:
-    def __init__(self, root: Path, spec: dict) -> None:
-        self.tokenizer = Tokenizer.from_file(str(Path(root) / spec["file"]))
-        self.chat = spec.get("chat")  # pre-rendered by the exporter: the runtime needs no Jinja
-        self.eos_ids = set(spec["eos_token_ids"])
+    def __init__(self, root: Path, spec: TokenizerInfo) -> None:
+        try:
+            self.tokenizer = Tokenizer.from_file(str(Path(root) / spec.file))
+        except Exception as exc:  # the tokenizers library raises its own types; the file is what is wrong
+            raise SpecExportError(f"the bundle's tokenizer {spec.file} does not load ({exc}); rebuild the"
+                                  " bundle") from None
+        self.chat = spec.chat  # pre-rendered by the exporter: the runtime needs no Jinja
+        self.eos_ids = set(spec.eos_token_ids)
 
     def format(self, prompt: str, system: str | None = None, chat: bool = True) -> str:
         if not chat or not self.chat:
             return prompt
         if system is None:
-            return self.chat["user_prefix"] + prompt + self.chat["user_suffix"]
-        before, between, after = self.chat["with_system"]
+            return self.chat.user_prefix + prompt + self.chat.user_suffix
+        if self.chat.with_system is None:
+            raise SpecExportError("this bundle's chat template takes no system prompt; drop --system")
+        before, between, after = self.chat.with_system
         return before + system + between + prompt + after
 
     def encode(self, text: str) -> list[int]:

@@ -174,11 +174,13 @@ def tiny_bundles(tmp_path_factory, tiny_checkpoint):
 
 
 def exporter_fingerprint() -> str:
-    """Changes whenever the exporter or the default recipe does, so the cached bundle is rebuilt."""
+    """Changes whenever the exporter, the manifest's schema or the default recipe does, so the cached bundle is
+    rebuilt."""
     digest = hashlib.sha256()
-    for path in sorted([*(REPO / "exporter").glob("*.py"), *(REPO / "recipes").glob("*.toml"),
+    for path in sorted([*(REPO / "exporter").rglob("*.py"), REPO / "runtime" / "manifest.py",
+                        *(REPO / "recipes").glob("*.toml"),
                         *(REPO / "recipes").glob("adapters/*/*"), *(REPO / "recipes").glob("drafters/*/*")]):
-        digest.update(path.name.encode() + path.read_bytes())
+        digest.update(path.relative_to(REPO).as_posix().encode() + path.read_bytes())
     return digest.hexdigest()[:12]
 
 

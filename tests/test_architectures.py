@@ -162,9 +162,10 @@ def test_speculative_modes_equal_ar(family, arch):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_standard_flavour_passes_every_target(family, arch):
     from specexport.exporter.tensorrt.opcheck import require_supported
+    from specexport.runtime.bundle import read_manifest
 
     bundle = family(arch)["standard"]
-    pieces = json.loads((bundle / "manifest.json").read_text())["pieces"]
+    pieces = read_manifest(bundle).pieces
     for target in TARGETS:
         assert require_supported(bundle, pieces, target).ok, target
 

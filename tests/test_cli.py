@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,13 +18,16 @@ def cli(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
                           text=True, env=ENV, input=input, timeout=600)
 
 
-def assert_one_sentence_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
-    assert proc.returncode == 1, proc.stderr
-    assert "Traceback" not in proc.stderr
-    last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: "), proc.stderr
+def assert_one_sentence_error(proc: subprocess.CompletedProcess, *fragments: str, code: int = 1) -> None:
+    """The rule for bad input: the documented exit code, and on stderr one line holding one sentence."""
+    assert proc.returncode == code, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: "), proc.stderr
+    message = lines[0].removeprefix("error: ")
+    assert not re.search(r"[.!?]\s+[A-Z]", message), f"more than one sentence: {message}"
     for fragment in fragments:
-        assert fragment in last, last
+        assert fragment in message, message
 
 
 def no_partial_dirs(parent: Path) -> bool:

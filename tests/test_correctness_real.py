@@ -3,8 +3,6 @@ model is cut changes nothing."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 from specexport.runtime import load
@@ -24,8 +22,18 @@ def session(default_bundle):
 def hf_model(default_bundle):
     from transformers import AutoModelForCausalLM
 
-    checkpoint = json.loads((default_bundle / "manifest.json").read_text())["provenance"]["checkpoint"]
+    checkpoint = source_checkpoint(default_bundle)
     return AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+
+
+def source_checkpoint(bundle) -> str:
+    """The bundle's source checkpoint, found from the hash its manifest records (it names no path)."""
+    from specexport.exporter.model_source import find_checkpoint
+    from specexport.runtime.bundle import read_manifest
+
+    found = find_checkpoint(read_manifest(bundle).provenance.source_sha256)
+    assert found is not None, "the default bundle's converted checkpoint is not in the cache"
+    return str(found)
 
 
 def hf_greedy(model, ids: list[int], eos: set[int]) -> list[int]:
@@ -56,7 +64,7 @@ def test_greedy_matches_transformers_generate(session, hf_model):
 def test_exit_layer_changes_nothing(session, default_bundle, exit_layer, tmp_path_factory):
     from specexport.exporter.build import build_bundle
 
-    checkpoint = json.loads((default_bundle / "manifest.json").read_text())["provenance"]["checkpoint"]
+    checkpoint = source_checkpoint(default_bundle)
     out = tmp_path_factory.mktemp(f"l{exit_layer}") / "bundle"
     build_bundle(out, model=checkpoint, exit_layer=exit_layer, adapter="none")  # no adapter ships for these
     other = load(out)

@@ -16,6 +16,7 @@ from specexport.exporter.model_source import resolve
 from specexport.exporter.tokenizer_match import load_tokenizer, tokenizer_difference
 from specexport.exporter.training.fit_drafter import DrafterTrainConfig, train_drafter
 from specexport.runtime.backends.ort import OrtPiece
+from specexport.runtime.bundle import read_manifest
 from specexport.runtime.errors import SpecExportError
 from transformers import AutoModelForCausalLM
 
@@ -49,11 +50,11 @@ def test_external_drafter_exports_and_matches_torch_across_the_cache(tiny_checkp
                                                                     flavour):
     out = tmp_path / "b"
     manifest = build_bundle(out, model=str(tiny_checkpoint), context=128, flavour=flavour, adapter="none",
-                            drafter=str(drafter_checkpoint))
+                            drafter=str(drafter_checkpoint)).to_dict()
     spec = manifest["pieces"]["drafter"]
     assert set(manifest["pieces"]) == {"shallow", "deep", "drafter"}
     assert spec["parity"]["max_relative_error"]["logits"] <= spec["parity"]["tolerance"] == 1e-3
-    assert spec["dims"]["layers"] == 2 and spec["kv"]["count"] == 2 and "draft_vocab" not in spec
+    assert spec["dims"]["layers"] == 2 and spec["kv"]["count"] == 2 and spec["draft_vocab"] is None
     assert spec["source"]["kind"] == "checkpoint"
     assert spec["source"]["sha256"] == resolve(drafter_checkpoint).origin_sha256
     assert {t["name"] for t in spec["outputs"]} >= {"logits", "top_token", "top_prob", "present_key.1"}
@@ -63,7 +64,8 @@ def test_external_drafter_exports_and_matches_torch_across_the_cache(tiny_checkp
     model = AutoModelForCausalLM.from_pretrained(drafter_checkpoint, dtype=torch.float32).eval()
     with torch.inference_mode():
         want = model(torch.from_numpy(ids)[None]).logits[0].numpy()
-    piece = OrtPiece("drafter", out / spec["file"], spec, 128, ["CPUExecutionProvider"], 1)
+    piece = OrtPiece("drafter", out / spec["file"], read_manifest(out).pieces["drafter"], 128, ["CPUExecutionProvider"],
+                     1)
     first = piece.run(ids[None, :10], 0, keep=10)
     second = piece.run(ids[None, 10:], 10, keep=3)  # against the cache of the first call
     got = np.concatenate([first["logits"][0], second["logits"][0]])
@@ -208,7 +210,7 @@ def test_trained_drafter_builds_with_parity_and_refuses_other_targets(trained, t
                                                                       tmp_path):
     _, out, meta = trained
     manifest = build_bundle(tmp_path / "b", model=str(tiny_checkpoint), context=128, adapter="none",
-                            drafter=str(out))
+                            drafter=str(out)).to_dict()
     spec = manifest["pieces"]["drafter"]
     assert spec["parity"]["max_relative_error"]["logits"] <= 1e-3
     assert spec["dims"]["hidden"] == 32 and spec["dims"]["layers"] == 1
@@ -217,7 +219,8 @@ def test_trained_drafter_builds_with_parity_and_refuses_other_targets(trained, t
     assert spec["training"]["heldout"] == meta["heldout"] and spec["source"]["kind"] == "spec-drafter"
     vocab = np.load(tmp_path / "b" / "drafter_vocab.npy")
     assert np.array_equal(vocab, np.load(out / "drafter_vocab.npy")) and np.all(np.diff(vocab) > 0)
-    piece = OrtPiece("drafter", tmp_path / "b" / spec["file"], spec, 128, ["CPUExecutionProvider"], 1)
+    piece = OrtPiece("drafter", tmp_path / "b" / spec["file"], read_manifest(tmp_path / "b").pieces["drafter"], 128,
+                     ["CPUExecutionProvider"], 1)
     assert set(piece.run(np.array([[5, 17, 42]]), 0)["top_token"].ravel()) <= set(vocab.tolist())
 
     with pytest.raises(SpecExportError, match="trained for another target model"):
@@ -229,13 +232,14 @@ def test_auto_takes_the_recipe_drafter_only_for_its_target(trained, tiny_checkpo
     _, out, _ = trained
     recipe = tmp_path / "r.toml"
     recipe.write_text(f'name = "tiny"\n[drafter]\npath = "{out}"\n')
-    mine = build_bundle(tmp_path / "a", recipe=str(recipe), model=str(tiny_checkpoint), context=64, adapter="none")
+    mine = build_bundle(tmp_path / "a", recipe=str(recipe), model=str(tiny_checkpoint), context=64,
+                        adapter="none").to_dict()
     assert "drafter" in mine["pieces"]
     other = build_bundle(tmp_path / "b", recipe=str(recipe), model=str(drafter_checkpoint), context=64,
-                         adapter="none", exit_layer=1)
+                         adapter="none", exit_layer=1).to_dict()
     assert set(other["pieces"]) == {"shallow", "deep"}
     none = build_bundle(tmp_path / "c", recipe=str(recipe), model=str(tiny_checkpoint), context=64, adapter="none",
-                        drafter="none")
+                        drafter="none").to_dict()
     assert "drafter" not in none["pieces"]
 
 

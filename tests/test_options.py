@@ -7,7 +7,7 @@ import pytest
 from specexport.runtime import OptionError, load
 from specexport.runtime.options import Limits, make_options
 
-from .test_cli import cli
+from .test_cli import assert_one_sentence_error, cli
 
 BAD = [
     ({"max_new_tokens": -5}, "max_new_tokens"),
@@ -66,12 +66,8 @@ def test_the_session_checks_against_its_bundle(tiny_bundles):
 
 
 def _usage_error(proc, *fragments: str) -> None:
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert_one_sentence_error(proc, *fragments, code=2)
     assert proc.stdout == ""
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
 
 
 def test_the_cli_exits_2_with_one_line(tiny_bundles):

@@ -149,7 +149,7 @@ def test_recipe_precision_and_quantize_overrides_are_used(tmp_path, tiny_checkpo
     recipe.write_text('name = "tiny"\n[export]\nexit_layer = 2\nprecision = "int4"\n'
                       '[export.quantize]\nblock_size = 16\nsymmetric = true\nlm_head = false\n')
     manifest = build_bundle(tmp_path / "b", recipe=str(recipe), model=str(tiny_checkpoint), context=128,
-                            adapter="none")
+                            adapter="none").to_dict()
     assert manifest["graph"]["precision"] == "int4"
     deep = manifest["pieces"]["deep"]["quantization"]
     assert deep["block_size"] == 16 and deep["symmetric"] is True

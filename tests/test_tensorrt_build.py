@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 from specexport.cli.main import main
 from specexport.exporter.parity import TOLERANCE
-from specexport.runtime.manifest import load_bundle
+from specexport.runtime.bundle import load_bundle
 
 CONTEXT = 128
 
@@ -42,7 +42,7 @@ def _one_sentence_error(result) -> str:
 
 def test_plan_only_bundle(plan_only):
     out, result = plan_only
-    manifest = load_bundle(out).manifest  # every checksum verifies, tensorrt/ included
+    manifest = load_bundle(out).manifest.to_dict()  # every checksum verifies, tensorrt/ included
     assert manifest["graph"]["flavour"] == "standard" and manifest["graph"]["precision"] == "fp16"
     assert manifest["graph"]["opset"] == 17
     assert set(manifest["pieces"]) == {"shallow", "deep", "adapter"}
@@ -127,7 +127,7 @@ def test_inplace_target_bundle(tmp_path, tiny_checkpoint, plan_only):
     out, result = _build(tmp_path, tiny_checkpoint, "b", "--target", "rtx-4090", "--plan-only", "--adapter",
                          "untrained")
     assert result.exit_code == 0, result.output
-    manifest = load_bundle(out).manifest
+    manifest = load_bundle(out).manifest.to_dict()
     assert manifest["graph"]["opset"] == 24
     assert {p["kv"]["mode"] for p in manifest["tensorrt"]["plan"].values()} == {"inplace"}
     for spec in manifest["pieces"].values():

@@ -18,11 +18,10 @@ from types import SimpleNamespace
 import numpy as np
 import onnx
 import pytest
-from specexport.exporter.tensorrt.engines import build_engines
-from specexport.exporter.tensorrt.plan import plan_tensorrt
+from specexport.exporter.tensorrt.engines import build_engines, plan_bundle
 from specexport.runtime.backends.common import TreeMask
 from specexport.runtime.backends.tensorrt import open_trt_piece
-from specexport.runtime.manifest import load_bundle
+from specexport.runtime.bundle import load_bundle
 
 from .test_tensorrt_fp16 import make_tiny_bundle
 
@@ -267,10 +266,7 @@ def private_cache(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def planned(tmp_path_factory, tiny_checkpoint):
     out = make_tiny_bundle(tmp_path_factory.mktemp("calls") / "b", tiny_checkpoint)
-    manifest = json.loads((out / "manifest.json").read_text())
-    manifest["tensorrt"] = plan_tensorrt(out, manifest["pieces"], "orin-nano")
-    manifest["files"].update(manifest["tensorrt"]["files"])
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    plan_bundle(out, "orin-nano")
     return out
 
 
@@ -287,7 +283,7 @@ def _names(calls):
 
 def test_build_engines_call_order(bundle):
     trt, cuda = TensorRTDouble(), CudaRuntimeDouble()
-    manifest = build_engines(bundle, trt=trt, cudart=cuda, log=lambda m: None)
+    manifest = build_engines(bundle, trt=trt, cudart=cuda, log=lambda m: None).to_dict()
     names = _names(trt.calls)
     assert names.count("Builder") == 1  # one builder for all pieces
     parses = [c[1] for c in trt.calls if c[0] == "parser.parse_from_file"]
@@ -403,10 +399,7 @@ def test_open_refuses_an_engine_from_another_tensorrt(bundle):
 @pytest.fixture(scope="module")
 def planned_inplace(tmp_path_factory, tiny_checkpoint):
     out = make_tiny_bundle(tmp_path_factory.mktemp("calls-inplace") / "b", tiny_checkpoint, inplace=True)
-    manifest = json.loads((out / "manifest.json").read_text())
-    manifest["tensorrt"] = plan_tensorrt(out, manifest["pieces"], "rtx-4090")
-    manifest["files"].update(manifest["tensorrt"]["files"])
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    plan_bundle(out, "rtx-4090")
     return out
 
 
@@ -446,12 +439,8 @@ def test_trt_piece_refuses_an_engine_that_disagrees_with_the_plan(planned_inplac
     build_engines(bundle, trt=trt, cudart=CudaRuntimeDouble(8, 9), log=lambda m: None)
     engine = bundle / "tensorrt" / "deep.engine"
     engine.write_bytes(engine.read_bytes().replace(b"fake-engine:inplace:", b"fake-engine:swap:"))
-    manifest = json.loads((bundle / "manifest.json").read_text())
-    manifest["files"]["tensorrt/deep.engine"] = None  # checksums are not the point here
     with pytest.raises(SpecExportError, match=r"does not update 'past_key.0' in place but the plan says 'inplace'"):
-        from specexport.runtime.manifest import Bundle
-
-        open_trt_piece(Bundle(bundle, manifest), "deep", trt=trt, cudart=CudaRuntimeDouble(8, 9))
+        open_trt_piece(load_bundle(bundle, verify=False), "deep", trt=trt, cudart=CudaRuntimeDouble(8, 9))
 
 
 def test_build_without_plan_only_builds_engines_into_the_bundle(tmp_path, tiny_checkpoint, monkeypatch):
@@ -507,7 +496,7 @@ def test_adopt_records_trtexec_engines_call_order(bundle):
     for name in ("shallow", "deep", "adapter"):
         (bundle / "tensorrt" / f"{name}.engine").write_bytes(b"fake-engine:swap:" + name.encode())
     trt.calls.clear()
-    manifest = build_engines(bundle, trt=trt, cudart=CudaRuntimeDouble(), adopt=True, log=lambda m: None)
+    manifest = build_engines(bundle, trt=trt, cudart=CudaRuntimeDouble(), adopt=True, log=lambda m: None).to_dict()
     names = _names(trt.calls)
     assert "Builder" not in names and names.count("runtime.deserialize_cuda_engine") == 3
     assert {e["built_with"] for e in manifest["tensorrt"]["engines"]} == {"trtexec"}
@@ -518,10 +507,7 @@ def test_trt_piece_binds_a_cache_that_follows_the_used_length(tmp_path, tiny_che
     """Swap mode (TensorRT before 10.15): each call binds the cache at its bucket, and crossing into a bigger
     one lays every cache out again with one 2-D copy into the other buffer, never within one."""
     out = make_tiny_bundle(tmp_path / "b512", tiny_checkpoint, context=512, adapter=False)
-    manifest = json.loads((out / "manifest.json").read_text())
-    manifest["tensorrt"] = plan_tensorrt(out, manifest["pieces"], "orin-nano")
-    manifest["files"].update(manifest["tensorrt"]["files"])
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    manifest = plan_bundle(out, "orin-nano").to_dict()
     deep_profiles = manifest["tensorrt"]["plan"]["deep"]["profiles"]
     assert all(p["shapes"]["past_key.0"]["min"][2] == 128 and p["shapes"]["past_key.0"]["max"][2] == 512
                for p in deep_profiles)

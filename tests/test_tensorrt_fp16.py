@@ -29,8 +29,19 @@ from specexport.exporter.hf_weights import extract
 from specexport.exporter.llama_graph import AdapterWeights
 from specexport.exporter.parity import TOLERANCE, relative_error
 from specexport.exporter.tensorrt.graph import inplace_kv
-from specexport.runtime.backends.common import TensorSpec, bias_input, bias_spec, control_feeds
+from specexport.runtime.backends.common import bias_input, bias_spec, control_feeds
 from specexport.runtime.backends.ort import OrtPiece
+from specexport.runtime.bundle import read_manifest
+from specexport.runtime.manifest import (
+    GenerationDefaults,
+    GraphInfo,
+    ModelInfo,
+    Piece,
+    Provenance,
+    SpeculativeDefaults,
+    TensorRTSection,
+    TokenizerInfo,
+)
 from transformers import AutoModelForCausalLM
 
 EXIT = 2
@@ -61,11 +72,11 @@ def make_tiny_bundle(out: Path, checkpoint: Path, flavour: str = "standard", pre
                                                                        dtype)), flavour)
         tokenizer = writer.add_file(Path(checkpoint) / "tokenizer.json")
         eos = [int(model.config.eos_token_id)]
-        writer.commit({"name": "tiny", "model": {"architecture": "llama", "dims": d.as_dict(),
-                                                 "exit_layer": exit_layer, "eos_token_ids": eos},
-                       "graph": {"flavour": flavour, "opset": 24 if inplace else 17, "precision": precision},
-                       "tokenizer": {"file": tokenizer, "eos_token_ids": eos, "chat": None},
-                       "generation": {}, "speculative": {}, "tensorrt": {"engines": []}})
+        writer.commit(name="tiny", model=ModelInfo("llama", d, exit_layer, None, tuple(eos)),
+                      graph=GraphInfo(flavour, 24 if inplace else 17, precision),
+                      tokenizer=TokenizerInfo(tokenizer, tuple(eos)), generation=GenerationDefaults(),
+                      speculative=SpeculativeDefaults(), tensorrt=TensorRTSection(),
+                      provenance=Provenance("tiny", "0" * 64, "tiny random Llama", None, None, {}, "", ""))
     return Path(out)
 
 
@@ -103,12 +114,10 @@ STEPS = [(0, 20, 20), (20, 21, 1), ("garbage", 21, 6), (21, 30, 9), (30, 40, 1)]
 
 
 def test_fp16_graphs_are_typed_as_tensorrt_needs(fp16_bundle):
-    import json
-
-    manifest = json.loads((fp16_bundle / "manifest.json").read_text())
-    for name, spec in manifest["pieces"].items():
-        onnx.checker.check_model(str(fp16_bundle / spec["file"]))
-        model = onnx.load(str(fp16_bundle / spec["file"]), load_external_data=False)
+    manifest = read_manifest(fp16_bundle)
+    for name, spec in manifest.pieces.items():
+        onnx.checker.check_model(str(fp16_bundle / spec.file))
+        model = onnx.load(str(fp16_bundle / spec.file), load_external_data=False)
         onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)  # strongly typed: no mixups
         writes = {n.op_type for n in model.graph.node if n.op_type in ("ScatterElements", "TensorScatter")}
         assert writes == ({"TensorScatter"} if fp16_bundle.name == "inplace" else {"ScatterElements"}), name
@@ -116,23 +125,21 @@ def test_fp16_graphs_are_typed_as_tensorrt_needs(fp16_bundle):
         big = [t for t in model.graph.initializer if np.prod(t.dims) > 64]
         assert all(t.data_type == onnx.TensorProto.FLOAT16 for t in big if t.data_type in (1, 10)), name
         assert onnx.TensorProto.FLOAT16 in floats
-        io = {t["name"]: t["dtype"] for t in spec["inputs"] + spec["outputs"]}
+        io = {t.name: t.dtype for t in spec.inputs + spec.outputs}
         assert io["past_key.0"] == io["present_key.0"] == "float16"
         if "logits" in io:
             assert io["logits"] == "float32"  # logits leave the graph in fp32
         for hidden in ("hidden", "hidden_in"):
             if hidden in io:
                 assert io[hidden] == "float16"
-        assert spec["kv"]["mode"] == "swap"
+        assert spec.kv.mode == "swap"
 
 
 def test_fp16_onnxruntime_cpu_parity_across_cache_use(fp16_bundle, sequence):
-    import json
-
     ids, ref = sequence
-    manifest = json.loads((fp16_bundle / "manifest.json").read_text())
-    pieces = {n: OrtPiece(n, fp16_bundle / s["file"], s, CONTEXT, ["CPUExecutionProvider"], 1)
-              for n, s in manifest["pieces"].items()}
+    manifest = read_manifest(fp16_bundle)
+    pieces = {n: OrtPiece(n, fp16_bundle / s.file, s, CONTEXT, ["CPUExecutionProvider"], 1)
+              for n, s in manifest.pieces.items()}
     rng = np.random.default_rng(1)
     worst: dict[str, float] = {}
     for lo, hi, keep in STEPS:
@@ -157,15 +164,15 @@ class ReferencePiece:
     """One piece run by onnx.reference: numpy computes each op in its tensor's dtype (real fp16 math);
     caches carried as the swap binding does (present of one call is the past of the next)."""
 
-    def __init__(self, path: Path, spec: dict) -> None:
+    def __init__(self, path: Path, spec: Piece) -> None:
         self.model = onnx.load(str(path))
         self.evaluator = ReferenceEvaluator(self.model)
         self.names = [o.name for o in self.model.graph.output]
-        self.inputs = {t["name"] for t in spec["inputs"]}
-        self.bias = bias_input([TensorSpec.from_json(t) for t in spec["inputs"]])
-        self.cache = {t["name"]: np.zeros([1 if d == "batch" else CONTEXT if d == "cache_len" else d
-                                           for d in t["shape"]], dtype=t["dtype"])
-                      for t in spec["inputs"] if t["name"].startswith("past_")}
+        self.inputs = {t.name for t in spec.inputs}
+        self.bias = bias_input(list(spec.inputs))
+        self.cache = {t.name: np.zeros([1 if d == "batch" else CONTEXT if d == "cache_len" else d
+                                        for d in t.shape], dtype=t.dtype)
+                      for t in spec.inputs if t.name.startswith("past_")}
 
     def run(self, x: np.ndarray, start: int, keep: int = 1) -> dict:
         bias = bias_spec(self.bias, start, x.shape[1], CONTEXT)
@@ -178,11 +185,9 @@ class ReferencePiece:
 
 
 def test_fp16_arithmetic_parity_with_onnx_reference(fp16_bundle, sequence):
-    import json
-
     ids, ref = sequence
-    manifest = json.loads((fp16_bundle / "manifest.json").read_text())
-    pieces = {n: ReferencePiece(fp16_bundle / s["file"], s) for n, s in manifest["pieces"].items()}
+    manifest = read_manifest(fp16_bundle)
+    pieces = {n: ReferencePiece(fp16_bundle / s.file, s) for n, s in manifest.pieces.items()}
     h = pieces["shallow"].run(np.asarray([ids[:24]]), 0)["hidden"]
     assert h.dtype == np.float16
     logits = pieces["deep"].run(h, 0, keep=24)["logits"]

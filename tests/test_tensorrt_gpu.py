@@ -44,8 +44,7 @@ def _device_target(tmp_path, trt, device) -> str:
 @pytest.fixture(scope="module", params=["swap", "inplace"])
 def built(request, gpu, tmp_path_factory, tiny_checkpoint):
     """Engines of the tiny fp16 bundle in both KV forms; the in-place (TensorScatter) form needs TensorRT 10.15."""
-    from specexport.exporter.tensorrt.engines import build_engines, write_manifest
-    from specexport.exporter.tensorrt.plan import plan_tensorrt
+    from specexport.exporter.tensorrt.engines import build_engines, plan_bundle
     from specexport.runtime.backends.tensorrt import INPLACE_KV_FROM
 
     trt, _, device = gpu
@@ -54,10 +53,7 @@ def built(request, gpu, tmp_path_factory, tiny_checkpoint):
         pytest.skip(f"in-place KV updates need TensorRT 10.15 or later, this is {trt.__version__}")
     root = tmp_path_factory.mktemp("gpu")
     bundle = make_tiny_bundle(root / "b", tiny_checkpoint, inplace=inplace)
-    manifest = json.loads((bundle / "manifest.json").read_text())
-    manifest["tensorrt"] = plan_tensorrt(bundle, manifest["pieces"], _device_target(root, trt, device))
-    manifest["files"].update(manifest["tensorrt"]["files"])
-    write_manifest(bundle, manifest)
+    plan_bundle(bundle, _device_target(root, trt, device))
     build_engines(bundle, any_device=True)
     return bundle
 
@@ -115,7 +111,7 @@ def test_gpu_trtexec_script_and_adopt(built, tmp_path):
     bundle = tmp_path / "b"
     shutil.copytree(built, bundle)
     subprocess.run(["sh", str(bundle / "tensorrt" / "build_deep.sh")], check=True)
-    manifest = build_engines(bundle, pieces=["deep"], adopt=True, any_device=True)
+    manifest = build_engines(bundle, pieces=["deep"], adopt=True, any_device=True).to_dict()
     entry = next(e for e in manifest["tensorrt"]["engines"] if e["piece"] == "deep")
     assert entry["built_with"] == "trtexec"
 
@@ -124,7 +120,7 @@ def test_gpu_build_command(gpu, tmp_path, tiny_checkpoint):
     """`specexport build --target <this GPU>` without --plan-only: export, check, plan and engines in one go."""
     from click.testing import CliRunner
     from specexport.cli.main import main
-    from specexport.runtime.manifest import load_bundle
+    from specexport.runtime.bundle import load_bundle
     from specexport.runtime.session import load
 
     trt, _, device = gpu

@@ -3,7 +3,7 @@ break a rule fail naming their nodes. No TensorRT involved: this is the matrix e
 
 from __future__ import annotations
 
-import json
+from types import SimpleNamespace
 
 import numpy as np
 import onnx
@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 from specexport.exporter.tensorrt.opcheck import check_model, check_pieces, require_supported
+from specexport.runtime.bundle import read_manifest
 from specexport.runtime.errors import SpecExportError
 
 from .test_tensorrt_fp16 import make_tiny_bundle
@@ -24,7 +25,7 @@ def bundles(tmp_path_factory, tiny_checkpoint):
 
 
 def _pieces(bundle):
-    return json.loads((bundle / "manifest.json").read_text())["pieces"]
+    return read_manifest(bundle).pieces
 
 
 @pytest.mark.parametrize("target", ["orin-nano", "agx-orin", "thor", "rtx-4090"])
@@ -104,7 +105,7 @@ def test_failure_sentence_names_the_nodes(tmp_path):
     model = broken_model()
     onnx.save(model, str(tmp_path / "toy.onnx"))
     with pytest.raises(SpecExportError) as exc:
-        require_supported(tmp_path, {"toy": {"file": "toy.onnx"}}, "orin-nano")
+        require_supported(tmp_path, {"toy": SimpleNamespace(file="toy.onnx")}, "orin-nano")
     message = str(exc.value)
     for node in ("toy/topk_big", "toy/uniq", "toy/ms_fused", "toy/unsq_dynamic"):
         assert node in message

@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 from specexport.exporter.tensorrt.plan import plan_tensorrt, shape_tensor_inputs, trtexec_args
 from specexport.runtime.backends.tensorrt import check_engine_compat, kv_binding_mode, select_profile
+from specexport.runtime.bundle import load_bundle, read_manifest
 from specexport.runtime.errors import SpecExportError
-from specexport.runtime.manifest import load_bundle
 
 from .test_tensorrt_fp16 import CONTEXT, make_tiny_bundle
 
@@ -34,8 +34,7 @@ def _manifest(path):
 
 
 def test_plan_profiles_and_section(fresh):
-    manifest = _manifest(fresh)
-    section = plan_tensorrt(fresh, manifest["pieces"], "orin-nano")
+    section = plan_tensorrt(fresh, read_manifest(fresh).pieces, "orin-nano")
     assert section["engines"] == [] and section["context"] == CONTEXT
     assert section["target"]["name"] == "orin-nano" and section["target"]["compute_capability"] == "8.7"
     assert section["target"]["tensorrt_version"] == "10.3" and section["opcheck"]["ok"]
@@ -68,7 +67,7 @@ def test_plan_profiles_and_section(fresh):
 
 
 def test_trtexec_scripts(fresh):
-    section = plan_tensorrt(fresh, _manifest(fresh)["pieces"], "orin-nano")
+    section = plan_tensorrt(fresh, read_manifest(fresh).pieces, "orin-nano")
     script = fresh / "tensorrt" / "build_deep.sh"
     assert os.access(script, os.X_OK) and (fresh / "tensorrt" / "build_all.sh").is_file()
     text = script.read_text()
@@ -97,7 +96,7 @@ def test_desktop_target_flags(fresh, tmp_path):
     target.write_text('name = "any-ampere"\n[tensorrt]\nversion = "10.15"\ncompute_capability = "8.6"\n'
                       '[build]\nmax_context = 4096\nworkspace_mib = 1024\nmax_batch = 4\n'
                       'hardware_compatibility = "ampere+"\nversion_compatible = true\nbuilder_optimization_level = 5\n')
-    section = plan_tensorrt(fresh, _manifest(fresh)["pieces"], str(target))
+    section = plan_tensorrt(fresh, read_manifest(fresh).pieces, str(target))
     args = trtexec_args(section["plan"]["shallow"], section["builder"])
     assert "--hardwareCompatibilityLevel=ampere+" in args and "--versionCompatible" in args
     assert "--builderOptimizationLevel=5" in args
@@ -109,13 +108,13 @@ def test_desktop_target_flags(fresh, tmp_path):
 def test_plan_refuses_what_tensorrt_cannot_build(tmp_path, tiny_checkpoint, fresh):
     ort = make_tiny_bundle(tmp_path / "ort", tiny_checkpoint, flavour="ort", precision="fp32", adapter=False)
     with pytest.raises(SpecExportError, match=r"cannot parse .*GroupQueryAttention"):
-        plan_tensorrt(ort, _manifest(ort)["pieces"], "orin-nano")
+        plan_tensorrt(ort, read_manifest(ort).pieces, "orin-nano")
     assert not (ort / "tensorrt").exists()  # nothing written when the check fails
     fp32 = make_tiny_bundle(tmp_path / "fp32", tiny_checkpoint, precision="fp32", adapter=False)
     with pytest.raises(SpecExportError, match="is fp32, target orin-nano builds fp16"):
-        plan_tensorrt(fp32, _manifest(fp32)["pieces"], "orin-nano")
+        plan_tensorrt(fp32, read_manifest(fp32).pieces, "orin-nano")
     with pytest.raises(SpecExportError, match="plans at most 2048"):
-        plan_tensorrt(fresh, _manifest(fresh)["pieces"], "orin-nano", context=4096)
+        plan_tensorrt(fresh, read_manifest(fresh).pieces, "orin-nano", context=4096)
 
 
 def test_engines_plan_command_rewrites_a_verifiable_manifest(fresh):
@@ -182,7 +181,7 @@ def test_compat_version_and_hardware_compatible_engines():
 
 
 def test_select_profile(fresh):
-    profiles = plan_tensorrt(fresh, _manifest(fresh)["pieces"], "orin-nano")["plan"]["deep"]["profiles"]
+    profiles = plan_tensorrt(fresh, read_manifest(fresh).pieces, "orin-nano")["plan"]["deep"]["profiles"]
     assert select_profile(profiles, 1, 1) == 1  # decode
     assert select_profile(profiles, 7, 7) == 2  # verify
     assert select_profile(profiles, 16, 1) == 2
@@ -211,17 +210,17 @@ def test_inplace_plan(tmp_path, tiny_checkpoint, fresh):
     """A TensorScatter bundle plans in-place binding with a static cache length; TensorRT 10.3 refuses it, naming
     the TensorScatter nodes; a swap bundle planned for an in-place target says how to get in-place updates."""
     inplace = make_tiny_bundle(tmp_path / "inplace", tiny_checkpoint, inplace=True)
-    section = plan_tensorrt(inplace, _manifest(inplace)["pieces"], "rtx-4090")
+    section = plan_tensorrt(inplace, read_manifest(inplace).pieces, "rtx-4090")
     deep = section["plan"]["deep"]
     assert deep["kv"] == {"mode": "inplace", "count": 2, "cache_len": CONTEXT} and not section["notes"]
     assert all(p["shapes"]["past_key.0"]["min"] == [1, 2, CONTEXT, 16] for p in deep["profiles"])
     assert deep["shape_tensors"] == ["logits_to_keep"]
     with pytest.raises(SpecExportError) as exc:
-        plan_tensorrt(inplace, _manifest(inplace)["pieces"], "thor")
+        plan_tensorrt(inplace, read_manifest(inplace).pieces, "thor")
     assert "TensorScatter at shallow/kv_update.present_key.0" in str(exc.value)
     assert "opset 24 is outside the 9-22 range" in str(exc.value)
     with pytest.raises(SpecExportError, match="updates a 128-position cache in place but the plan is for 64"):
-        plan_tensorrt(inplace, _manifest(inplace)["pieces"], "rtx-4090", context=64)
-    swap = plan_tensorrt(fresh, _manifest(fresh)["pieces"], "rtx-4090")
+        plan_tensorrt(inplace, read_manifest(inplace).pieces, "rtx-4090", context=64)
+    swap = plan_tensorrt(fresh, read_manifest(fresh).pieces, "rtx-4090")
     assert swap["plan"]["deep"]["kv"]["mode"] == "swap"  # the graph decides the binding, not the target
     assert any("--target rtx-4090" in n and "in place" in n for n in swap["notes"])

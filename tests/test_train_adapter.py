@@ -45,7 +45,7 @@ def test_training_is_deterministic(trained, tiny_checkpoint, tmp_path):
 def test_trained_adapter_builds_and_decodes_losslessly(trained, tiny_checkpoint, tmp_path):
     _, out, _ = trained
     target = tmp_path / "bundle"
-    manifest = build_bundle(target, model=str(tiny_checkpoint), context=128, adapter=str(out))
+    manifest = build_bundle(target, model=str(tiny_checkpoint), context=128, adapter=str(out)).to_dict()
     assert manifest["pieces"]["adapter"]["parity"]["max_relative_error"]["logits"] <= 1e-3
     assert manifest["pieces"]["adapter"]["training"]["heldout"]["agreement"] > 0
     session = load(target)
@@ -63,7 +63,7 @@ def test_pruned_draft_vocabulary_is_lossless(trained, tiny_checkpoint, tmp_path)
     recipe = tmp_path / "r.toml"
     recipe.write_text('name = "tiny"\n[adapter]\ndraft_vocab = 64\n')
     manifest = build_bundle(tmp_path / "b", recipe=str(recipe), model=str(tiny_checkpoint), context=128,
-                            adapter=str(out))
+                            adapter=str(out)).to_dict()
     spec = manifest["pieces"]["adapter"]
     assert spec["draft_vocab"]["size"] == 64
     assert next(t for t in spec["outputs"] if t["name"] == "logits")["shape"][-1] == 64
@@ -92,7 +92,8 @@ def test_training_on_a_pruned_head_exports_that_head(trained, tiny_checkpoint, t
     train_for_target(model, tiny_checkpoint, resolve(tiny_checkpoint).origin_sha256, 2, settings, tmp_path / "a")
     meta = json.loads((tmp_path / "a" / "adapter.json").read_text())
     assert meta["draft_vocab"] == 64 and 0 < meta["heldout"]["agreement"] <= 1
-    manifest = build_bundle(tmp_path / "b", model=str(tiny_checkpoint), context=128, adapter=str(tmp_path / "a"))
+    manifest = build_bundle(tmp_path / "b", model=str(tiny_checkpoint), context=128,
+                            adapter=str(tmp_path / "a")).to_dict()
     assert manifest["pieces"]["adapter"]["draft_vocab"]["size"] == 64
     expected = pruned_vocab(np.load(tmp_path / "a" / "token_counts.npy"), 64)
     assert np.array_equal(np.load(tmp_path / "b" / "draft_vocab.npy"), expected)

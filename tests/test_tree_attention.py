@@ -86,4 +86,4 @@ def leading_rows_are_ar_bit_for_bit(pieces, hidden_size: int, dtype=np.float32) 
 @pytest.mark.parametrize("flavour", ["ort", "standard"])
 def test_a_tree_calls_leading_chain_rows_are_ar_bit_for_bit(tiny_bundles, flavour):
     session = load(tiny_bundles(flavour))
-    leading_rows_are_ar_bit_for_bit(session.pieces, int(session.bundle.manifest["model"]["dims"]["hidden"]))
+    leading_rows_are_ar_bit_for_bit(session.pieces, session.bundle.manifest.model.dims.hidden)

@@ -5,13 +5,13 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from specexport.exporter.tensorrt.targets import load_target
 from specexport.exporter.tensorrt.traffic import table
+from specexport.runtime.bundle import read_manifest
 
 if __name__ == "__main__":
-    manifest = json.loads((Path(sys.argv[1]) / "manifest.json").read_text())
-    print(table(manifest["pieces"], [load_target(t) for t in sys.argv[2:] or ["orin-nano", "agx-orin"]]))
+    targets = [load_target(t) for t in sys.argv[2:] or ["orin-nano", "agx-orin"]]
+    print(table(read_manifest(Path(sys.argv[1])).pieces, targets))

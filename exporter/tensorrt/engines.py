@@ -11,17 +11,19 @@ atomically together with its checksums.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 
 from ...runtime.backends.tensorrt import cuda_runtime, device_info, import_tensorrt
+from ...runtime.bundle import read_manifest
 from ...runtime.errors import SpecExportError
-from ...runtime.manifest import MANIFEST, read_manifest, sha256_file
+from ...runtime.manifest import Manifest, TensorRTSection, read_record, sha256_file
 from ...runtime.paths import cache_dir
+from ..bundle import write_manifest
 
 
 def _vkey(text: str) -> tuple[int, ...]:
@@ -35,11 +37,6 @@ def write_atomic(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-
-
-def write_manifest(root: Path, manifest: dict) -> None:
-    """Rewrite manifest.json in one rename: a reader sees the old or the new one, never half."""
-    write_atomic(Path(root) / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
 
 
 def tensorrt_blocker() -> str | None:
@@ -66,8 +63,7 @@ def device_timing_cache(trt_version: str, device: dict) -> Path:
     return cache_dir("tensorrt") / f"timing-trt{trt_version}-sm{cc}.cache"
 
 
-def _plan_section(manifest: dict, root: Path) -> dict:
-    section = manifest.get("tensorrt") or {}
+def _plan_section(section: dict, root: Path) -> dict:
     if not section.get("plan"):
         raise SpecExportError(f"bundle {root} has no TensorRT plan; make one with `specexport build --backend"
                               f" tensorrt --target NAME --plan-only` or `specexport engines plan {root} --target NAME`")
@@ -152,15 +148,55 @@ def _engine_meta(name: str, plan: dict, data_sha: str, size: int, trt_version: s
             "built_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
-def build_engines(bundle_dir: Path, manifest: dict | None = None, *, pieces: list[str] | None = None,
-                  timing_cache: Path | None = None, adopt: bool = False, any_device: bool = False,
-                  log: Callable[[str], None] = print, trt=None, cudart=None, write: bool = True) -> dict:
-    """Build (or, with ``adopt``, record engines trtexec already built from the plan's scripts) every
-    piece's engine; returns the updated manifest, also written to ``bundle_dir`` unless ``write`` is False
-    (`specexport build` commits the manifest itself). ``trt``/``cudart`` default to the real modules."""
+def build_engines(bundle_dir: Path, *, pieces: list[str] | None = None, timing_cache: Path | None = None,
+                  adopt: bool = False, any_device: bool = False, log: Callable[[str], None] = print, trt=None,
+                  cudart=None) -> Manifest:
+    """Build (or, with ``adopt``, record engines trtexec already built from the plan's scripts) the engines
+    of a committed bundle's plan; rewrites its manifest with them and their checksums and returns it.
+    ``trt``/``cudart`` default to the real modules."""
     root = Path(bundle_dir)
-    manifest = manifest or read_manifest(root)
-    section = _plan_section(manifest, root)
+    manifest = read_manifest(root)
+    section = build_section(root, plain_section(manifest), pieces=pieces, timing_cache=timing_cache, adopt=adopt,
+                            any_device=any_device, log=log, trt=trt, cudart=cudart)
+    return record_section(root, manifest, section)
+
+
+def plan_bundle(bundle_dir: Path, target: str | dict) -> Manifest:
+    """(Re)plan a committed bundle's engines for ``target`` (scripts under tensorrt/, the manifest's section);
+    engines built for an earlier plan leave the manifest."""
+    from .plan import plan_tensorrt
+
+    manifest = read_manifest(Path(bundle_dir))
+    section = plan_tensorrt(bundle_dir, manifest.pieces, target, context=manifest.max_context)
+    return record_section(bundle_dir, manifest, section, drop_engines=True)
+
+
+def plain_section(manifest: Manifest) -> dict:
+    return manifest.to_dict()["tensorrt"]
+
+
+def record_section(root: Path, manifest: Manifest, section: dict, drop_engines: bool = False) -> Manifest:
+    """``manifest`` with the TensorRT ``section`` and the checksums of what it names (the plan's scripts,
+    the engines), written atomically; ``drop_engines``: files of earlier engines leave the table."""
+    root = Path(root)
+    files = dict(manifest.files)
+    if drop_engines:
+        files = {k: v for k, v in files.items() if not k.endswith(".engine")}
+    files.update({e["file"]: e["sha256"] for e in section.get("engines", [])})
+    for rel in section.get("files", {}):
+        if (root / rel).is_file():
+            files[rel] = sha256_file(root / rel)
+    section = {**section, "files": {rel: files[rel] for rel in section.get("files", {}) if rel in files}}
+    updated = dataclasses.replace(manifest, tensorrt=read_record(TensorRTSection, section, "tensorrt"), files=files)
+    return write_manifest(root, updated)
+
+
+def build_section(root: Path, section: dict, *, pieces: list[str] | None = None, timing_cache: Path | None = None,
+                  adopt: bool = False, any_device: bool = False, log: Callable[[str], None] = print, trt=None,
+                  cudart=None) -> dict:
+    """The TensorRT ``section`` (plain, as the manifest stores it) with the engines of its plan built in
+    ``root``; what `build_engines` and `specexport build` share."""
+    section = _plan_section(section, root)
     trt, cudart, device = require_tensorrt(trt, cudart)
     trt_version = trt.__version__
     _check_device(section, device, trt_version, any_device, log)
@@ -212,14 +248,4 @@ def build_engines(bundle_dir: Path, manifest: dict | None = None, *, pieces: lis
             if path is not None:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 write_atomic(path, data)
-    section["engines"] = [entries[n] for n in section["plan"] if n in entries]
-    manifest["tensorrt"] = section
-    files = manifest.setdefault("files", {})
-    for entry in section["engines"]:
-        files[entry["file"]] = entry["sha256"]
-    for rel in section.get("files", {}):
-        if (root / rel).is_file():
-            files[rel] = sha256_file(root / rel)
-    if write:
-        write_manifest(root, manifest)
-    return manifest
+    return {**section, "engines": [entries[n] for n in section["plan"] if n in entries]}

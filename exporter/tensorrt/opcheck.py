@@ -17,6 +17,7 @@ import onnx
 from onnx import numpy_helper
 
 from ...runtime.errors import SpecExportError
+from ...runtime.manifest import Piece
 from .targets import load_target, matrix_version, ops_matrix
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -305,24 +306,24 @@ def check_model(model: onnx.ModelProto, version: str, piece: str = "model", base
     return errors + e, w, counts
 
 
-def check_pieces(bundle_dir: Path, pieces: dict, target: str | dict) -> OpCheckReport:
-    """Every piece of a bundle (manifest piece specs: at least ``file``) against the target's TensorRT."""
+def check_pieces(bundle_dir: Path, pieces: dict[str, Piece], target: str | dict) -> OpCheckReport:
+    """Every piece of a bundle against the target's TensorRT."""
     target = load_target(target)
     version = matrix_version(target["tensorrt"]["version"])
     report = OpCheckReport(target["name"], version)
     for name, spec in pieces.items():
-        path = Path(bundle_dir) / spec["file"]
+        path = Path(bundle_dir) / spec.file
         if not path.is_file():
             raise SpecExportError(f"piece {name!r} names {path}, which does not exist; rebuild the bundle")
         model = onnx.load(str(path), load_external_data=False)
         errors, warnings, counts = check_model(model, version, name, path.parent)
         report.errors += errors
         report.warnings += warnings
-        report.pieces[name] = {"file": spec["file"], "nodes": sum(counts.values()), "ops": counts}
+        report.pieces[name] = {"file": spec.file, "nodes": sum(counts.values()), "ops": counts}
     return report
 
 
-def require_supported(bundle_dir: Path, pieces: dict, target: str | dict) -> OpCheckReport:
+def require_supported(bundle_dir: Path, pieces: dict[str, Piece], target: str | dict) -> OpCheckReport:
     """check_pieces, raising one SpecExportError that names the failing nodes."""
     report = check_pieces(bundle_dir, pieces, target)
     report.raise_if_failed()

@@ -23,7 +23,6 @@ engines are tied to the TensorRT version and the GPU they were built with.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shlex
 from pathlib import Path
@@ -31,7 +30,9 @@ from pathlib import Path
 import onnx
 
 from ...runtime.backends.buckets import BUCKET_MIN, bucket
+from ...runtime.bundle import read_manifest
 from ...runtime.errors import SpecExportError
+from ...runtime.manifest import MANIFEST, Piece
 from .graph import is_inplace
 from .opcheck import require_supported
 from .targets import load_target
@@ -96,23 +97,23 @@ def regimes(build: dict, context: int, bucketed: bool = False) -> dict[str, dict
     }
 
 
-def piece_profiles(name: str, spec: dict, shape_inputs: list[str], build: dict, context: int,
+def piece_profiles(name: str, spec: Piece, shape_inputs: list[str], build: dict, context: int,
                    bucketed: bool = False) -> list[dict]:
     """The three optimization profiles of one piece, in engine profile order."""
     profiles = []
     for pname, regime in regimes(build, context, bucketed).items():
         shapes, values = {}, {}
-        for t in spec["inputs"]:
-            if t["name"] in shape_inputs:
-                lo, opt, hi = regime["keep"] if t["name"] == "logits_to_keep" else (None, None, None)
+        for t in spec.inputs:
+            if t.name in shape_inputs:
+                lo, opt, hi = regime["keep"] if t.name == "logits_to_keep" else (None, None, None)
                 if lo is None:
-                    raise SpecExportError(f"piece {name!r}: input {t['name']!r} is a TensorRT shape tensor this"
+                    raise SpecExportError(f"piece {name!r}: input {t.name!r} is a TensorRT shape tensor this"
                                           " plan has no value range for")
-                n = 1 if not t["shape"] else int(t["shape"][0])
-                values[t["name"]] = {"min": [lo] * n, "opt": [opt] * n, "max": [hi] * n}
+                n = 1 if not t.shape else int(t.shape[0])
+                values[t.name] = {"min": [lo] * n, "opt": [opt] * n, "max": [hi] * n}
                 continue
-            lo, opt, hi = _dims(t["shape"], regime["dims"], f"piece {name!r} input {t['name']!r}")
-            shapes[t["name"]] = {"min": lo, "opt": opt, "max": hi}
+            lo, opt, hi = _dims(list(t.shape), regime["dims"], f"piece {name!r} input {t.name!r}")
+            shapes[t.name] = {"min": lo, "opt": opt, "max": hi}
         profiles.append({"name": pname, "shapes": shapes, "values": values})
     return profiles
 
@@ -171,31 +172,30 @@ def _write(path: Path, text: str, executable: bool = False) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _piece_precision(spec: dict) -> str | None:
-    floats = {t["dtype"] for t in spec["inputs"] if t["dtype"].startswith("float")}
+def _piece_precision(spec: Piece) -> str | None:
+    floats = {t.dtype for t in spec.inputs if t.dtype.startswith("float")}
     return "fp16" if floats == {"float16"} else "fp32" if "float32" in floats else None
 
 
-def kv_binding(name: str, model: onnx.ModelProto, spec: dict, context: int) -> str:
+def kv_binding(name: str, model: onnx.ModelProto, spec: Piece, context: int) -> str:
     """How TensorRT must bind this piece's caches, read from its graph: 'inplace' (TensorScatter: one buffer,
     static cache length) or 'swap' (ScatterElements: two buffers)."""
     if not is_inplace(model):
         return "swap"
-    for t in spec["inputs"]:
-        if t["name"].startswith("past_") and t["shape"][2] != context:
-            raise SpecExportError(f"piece {name!r} updates a {t['shape'][2]}-position cache in place but the plan is"
+    for t in spec.inputs:
+        if t.name.startswith("past_") and t.shape[2] != context:
+            raise SpecExportError(f"piece {name!r} updates a {t.shape[2]}-position cache in place but the plan is"
                                   f" for {context} positions; rebuild the bundle with --context {context}")
     return "inplace"
 
 
 def _bundle_context(bundle_dir: Path) -> int | None:
-    path = Path(bundle_dir) / "manifest.json"
-    if path.is_file():
-        return int(json.loads(path.read_text())["model"]["dims"]["max_context"])
+    if (Path(bundle_dir) / MANIFEST).is_file():
+        return read_manifest(bundle_dir).max_context
     return None
 
 
-def plan_tensorrt(bundle_dir: Path, pieces: dict, target: str | dict, context: int | None = None) -> dict:
+def plan_tensorrt(bundle_dir: Path, pieces: dict[str, Piece], target: str | dict, context: int | None = None) -> dict:
     """Op check (raises naming the failing nodes), then the per-piece plan and trtexec scripts written
     under ``bundle_dir/tensorrt/``; returns the manifest's ``tensorrt`` section (``engines`` empty).
 
@@ -215,8 +215,8 @@ def plan_tensorrt(bundle_dir: Path, pieces: dict, target: str | dict, context: i
             raise SpecExportError(f"piece {name!r} is {precision}, target {target['name']} builds"
                                   f" {build['precision']} (strongly typed: the precision comes from the ONNX"
                                   " file); rebuild the bundle with --backend tensorrt")
-        if spec.get("kv", {}).get("count") and spec["kv"].get("mode") != "swap":
-            raise SpecExportError(f"piece {name!r} binds its KV cache in {spec['kv'].get('mode')!r} mode; TensorRT"
+        if spec.kv.count and spec.kv.mode != "swap":
+            raise SpecExportError(f"piece {name!r} binds its KV cache in {spec.kv.mode!r} mode; TensorRT"
                                   " needs the standard flavour's cache outputs (TensorRT issue 4681); rebuild the"
                                   " bundle with --backend tensorrt")
 
@@ -226,16 +226,16 @@ def plan_tensorrt(bundle_dir: Path, pieces: dict, target: str | dict, context: i
                "version_compatible": build["version_compatible"], "timing_cache": TIMING_CACHE}
     plan, files, notes = {}, {}, []
     for name, spec in pieces.items():
-        model = onnx.load(str(bundle_dir / spec["file"]), load_external_data=False)
+        model = onnx.load(str(bundle_dir / spec.file), load_external_data=False)
         kv_mode = kv_binding(name, model, spec, context)
-        if kv_mode == "swap" and spec.get("kv", {}).get("count") and build["kv_update"] == "inplace":
+        if kv_mode == "swap" and spec.kv.count and build["kv_update"] == "inplace":
             notes.append(f"piece {name!r} writes its caches out of place (two-buffer swap); export it for this"
                          f" target (`specexport build --backend tensorrt --target {target['name']}`) to have"
                          " TensorRT update them in place")
-        piece = {"onnx": spec["file"], "engine": f"{TRT_DIR}/{name}.engine",
+        piece = {"onnx": spec.file, "engine": f"{TRT_DIR}/{name}.engine",
                  "script": f"{TRT_DIR}/build_{name}.sh",
                  "shape_tensors": shape_tensor_inputs(model),
-                 "kv": {"mode": kv_mode, "count": spec.get("kv", {}).get("count", 0), "cache_len": context}}
+                 "kv": {"mode": kv_mode, "count": spec.kv.count, "cache_len": context}}
         piece["profiles"] = piece_profiles(name, spec, piece["shape_tensors"], build, context,
                                            bucketed=kv_mode == "swap")
         piece["trtexec"] = shlex.join(["trtexec", *trtexec_args(piece, builder)])
@@ -260,16 +260,3 @@ def plan_tensorrt(bundle_dir: Path, pieces: dict, target: str | dict, context: i
         "files": files,
         "engines": [],
     }
-
-
-def record_files(root: Path, manifest: dict) -> dict:
-    """Add the checksums of the ``tensorrt/`` folder (scripts, engines) to a committed bundle's manifest and
-    rewrite it in one rename; the bundle writer checksums only the top-level files."""
-    from .engines import write_manifest
-
-    section = manifest.get("tensorrt") or {}
-    files = manifest.setdefault("files", {})
-    files.update(section.get("files", {}))
-    files.update({e["file"]: e["sha256"] for e in section.get("engines", [])})
-    write_manifest(Path(root), manifest)
-    return manifest

@@ -13,18 +13,19 @@ A decode step is one call of each output-path piece (`shallow`, `deep`) at two r
 from __future__ import annotations
 
 from ...runtime.backends.buckets import bucket
+from ...runtime.manifest import Piece
 
 ROWS = 2  # a decode call's rows (the one-row call's copy)
 
 
-def cache_layers(pieces: dict) -> dict[str, tuple[int, int, int]]:
+def cache_layers(pieces: dict[str, Piece]) -> dict[str, tuple[int, int, int]]:
     """Per output-path piece: (layers, kv_heads, head_dim) from its `past_key.*` inputs in the manifest."""
     out = {}
     for name in ("shallow", "deep"):
         spec = pieces.get(name)
-        keys = [t for t in (spec or {}).get("inputs", []) if t["name"].startswith("past_key.")]
+        keys = [t for t in (spec.inputs if spec else ()) if t.name.startswith("past_key.")]
         if keys:
-            out[name] = (len(keys), int(keys[0]["shape"][1]), int(keys[0]["shape"][3]))
+            out[name] = (len(keys), int(keys[0].shape[1]), int(keys[0].shape[3]))
     return out
 
 
@@ -40,7 +41,8 @@ def step_bytes(layers: dict[str, tuple[int, int, int]], itemsize: int, position:
     return out
 
 
-def table(pieces: dict, targets: list[dict], positions: tuple[int, ...] = (0, 100, 500, 1000, 2000, 4000)) -> str:
+def table(pieces: dict[str, Piece],
+          targets: list[dict], positions: tuple[int, ...] = (0, 100, 500, 1000, 2000, 4000)) -> str:
     """A Markdown table of MB per decode step against position, per target."""
     layers = cache_layers(pieces)
     lines = ["| target | position | swap, whole context (MB) | swap, bucketed (MB) | in place, 10.15+ (MB) |",

@@ -118,7 +118,7 @@ def resolve_adapter(choice: str | None, model, checkpoint: Path, target_sha: str
         if (directory / META_FILE).is_file():
             adapter, meta = load_adapter(directory, model)
             if meta["target_sha256"] == target_sha and meta["exit_layer"] == exit_layer:
-                return adapter, {**meta, "source": str(directory)}
+                return adapter, {**meta, "source": directory.name}
     if not settings.get("train_if_missing", True):
         raise SpecExportError(f"no trained adapter for this model at exit layer {exit_layer}; pass --adapter PATH,"
                               " --adapter none, or train one with `specexport train-adapter`")
@@ -126,11 +126,11 @@ def resolve_adapter(choice: str | None, model, checkpoint: Path, target_sha: str
           " (this takes a while; pass --adapter none to skip)", file=sys.stderr)
     train_for_target(model, checkpoint, target_sha, exit_layer, train_settings(recipe), trained)
     adapter, meta = load_adapter(trained, model, target_sha)
-    return adapter, {**meta, "source": str(trained)}
+    return adapter, {**meta, "source": trained.name}
 
 
 def _check_layer(adapter, meta: dict, exit_layer: int, where: str):
     if meta["exit_layer"] != exit_layer:
         raise SpecExportError(f"adapter {where} was trained at exit layer {meta['exit_layer']} but the build uses"
                               f" {exit_layer}; pass --exit-layer {meta['exit_layer']}")
-    return adapter, {**meta, "source": where}
+    return adapter, {**meta, "source": Path(where).name}  # the manifest names no path of this machine

@@ -52,7 +52,7 @@ def _trained(directory: Path, target: ModelSource, where: str) -> DrafterChoice:
         raise SpecExportError(f"drafter {where} was trained for another target model (sha256"
                               f" {str(meta.get('target_sha256'))[:12]}…, this one is {target.origin_sha256[:12]}…);"
                               " distil one for this model with `specexport train-drafter`, or pass --drafter none")
-    return DrafterChoice(KIND, directory, sha256_file(directory / DRAFTER_FILE), f"trained drafter {where}",
+    return DrafterChoice(KIND, directory, sha256_file(directory / DRAFTER_FILE), f"trained drafter {directory.name}",
                          meta=meta)
 
 
@@ -98,7 +98,8 @@ def locate_drafter(choice: str | None, recipe: dict, target: ModelSource) -> Dra
 
 
 def load_drafter_model(choice: DrafterChoice, target_model) -> LoadedDrafter:
-    source = {"kind": choice.kind, "path": str(choice.path), "description": choice.description,
+    # by name and hash: the manifest names no path of the build machine
+    source = {"kind": choice.kind, "name": Path(choice.path).name, "description": choice.description,
               "sha256": choice.sha256}
     if choice.kind == CHECKPOINT:
         model, _ = model_source.load_model(choice.checkpoint)

@@ -14,17 +14,23 @@ from typing import Protocol
 import numpy as np
 
 from ..errors import SpecExportError
+from ..manifest import TensorIO as TensorSpec
 
 
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    dtype: str  # numpy dtype name
-    shape: list  # ints and named dynamic axes
-
-    @classmethod
-    def from_json(cls, d: dict) -> TensorSpec:
-        return cls(d["name"], d["dtype"], list(d["shape"]))
+def check_io(piece: str, kind: str, declared: list[TensorSpec], actual: dict[str, tuple[str, tuple]]) -> None:
+    """The graph's (or engine's) inputs or outputs, name -> (numpy dtype name, shape), are the manifest's: a
+    bundle whose manifest says otherwise is refused naming the tensor, before any call could fail on it."""
+    said = {t.name: (t.dtype, tuple(t.shape)) for t in declared}
+    for name in sorted(set(said) | set(actual)):
+        field = f"manifest field pieces.{piece}.{kind}s"
+        if name not in actual:
+            raise SpecExportError(f"{field} lists {name!r}, which the piece's graph does not have; rebuild the bundle")
+        if name not in said:
+            raise SpecExportError(f"{field} does not list {name!r}, which the piece's graph has; rebuild the bundle")
+        if said[name] != actual[name]:
+            (dtype, shape), (want, want_shape) = actual[name], said[name]
+            raise SpecExportError(f"{field} gives {name!r} as {want}{list(want_shape)} but the piece's graph has"
+                                  f" {dtype}{list(shape)}; rebuild the bundle")
 
 
 class Piece(Protocol):

@@ -9,8 +9,9 @@ import numpy as np
 import onnxruntime as ort
 
 from ..errors import SpecExportError
+from ..manifest import Piece as PieceSpec
 from .buckets import CacheBuckets, dynamic_cache_len, relayout_host, view
-from .common import TensorSpec, TreeMask, bias_input, bias_spec, control_feeds
+from .common import TreeMask, bias_input, bias_spec, check_io, control_feeds
 
 _AXES = ("batch", "seq", "kept")  # the named axes of a piece's results that a call fixes
 _shared_pool_threads: int | None = None  # size of the process-wide intra-op pool, once enabled
@@ -47,6 +48,13 @@ def session_options(threads: int | None = None) -> ort.SessionOptions:
 
 
 # execution providers whose memory is a GPU's: a piece on one keeps its caches there (see OrtPiece)
+# ONNX Runtime's names for the element types the manifest spells as numpy's
+ORT_DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int64)": "int64",
+              "tensor(int32)": "int32", "tensor(int8)": "int8", "tensor(uint8)": "uint8", "tensor(bool)": "bool"}
+def _graph_io(args) -> dict[str, tuple[str, tuple]]:
+    return {t.name: (ORT_DTYPES.get(t.type, t.type), tuple(t.shape)) for t in args}
+
+
 DEVICE_PROVIDERS = {"CUDAExecutionProvider": "cuda", "TensorrtExecutionProvider": "cuda"}
 TRT_EP_CACHE = "tensorrt/ort-trt-ep"  # under the bundle: the TensorRT execution provider's engines
 
@@ -77,7 +85,7 @@ class OrtPiece:
     no call moves them; token ids, positions and masks go in and the results come out through the host.
     """
 
-    def __init__(self, name: str, path: Path, spec: dict, max_context: int, providers: list[str],
+    def __init__(self, name: str, path: Path, spec: PieceSpec, max_context: int, providers: list[str],
                  threads: int | None = None) -> None:
         self.name = name
         try:
@@ -85,10 +93,11 @@ class OrtPiece:
                                                 providers=provider_list(providers, Path(path).parent))
         except Exception as exc:
             raise SpecExportError(f"ONNX Runtime could not load piece {name!r} from {path}: {exc}") from None
-        self.inputs = [TensorSpec.from_json(t) for t in spec["inputs"]]
-        self.outputs = [TensorSpec.from_json(t) for t in spec["outputs"]]
+        self.inputs, self.outputs = list(spec.inputs), list(spec.outputs)
+        check_io(name, "input", self.inputs, _graph_io(self.session.get_inputs()))
+        check_io(name, "output", self.outputs, _graph_io(self.session.get_outputs()))
         self.primary = next(t.name for t in self.inputs if t.name in ("input_ids", "hidden_in"))
-        self.kv_mode = spec["kv"]["mode"]
+        self.kv_mode = spec.kv.mode
         self.input_names = {t.name for t in self.inputs}
         self.bias_input = bias_input(self.inputs)
         self.result_names = [t.name for t in self.outputs if not t.name.startswith("present_")]

@@ -21,11 +21,14 @@ and `kv_binding_mode` are pure functions.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import SpecExportError
+from ..manifest import EnginePlan
+from ..manifest import Piece as PieceSpec
 from .buckets import CacheBuckets, Relayout, dynamic_cache_len
 from .common import TensorSpec, TreeMask, bias_input, bias_spec, control_feeds
 
@@ -116,13 +119,6 @@ def select_profile(profiles: list[dict], n: int, keep: int, batch: int = 1) -> i
                           " verify_max or context")
 
 
-def engine_entry(manifest: dict, piece: str) -> dict | None:
-    for entry in manifest.get("tensorrt", {}).get("engines", []):
-        if entry.get("piece") == piece:
-            return entry
-    return None
-
-
 # -- TensorRT and CUDA, imported lazily ------------------------------------------------------------
 
 def import_tensorrt(hint: str = "") -> object:
@@ -202,17 +198,16 @@ class _DeviceBuffer:
 class TrtPiece:
     """One engine, its contexts (one per profile) and its device buffers; implements `Piece.run`."""
 
-    def __init__(self, name: str, engine_bytes: bytes, spec: dict, plan: dict, max_context: int, trt, cudart,
+    def __init__(self, name: str, engine_bytes: bytes, spec: PieceSpec, plan: EnginePlan, max_context: int, trt, cudart,
                  trt_version: str, version_compatible: bool = False) -> None:
         self.name, self.trt, self.cudart = name, trt, cudart
-        self.inputs = [TensorSpec.from_json(t) for t in spec["inputs"]]
-        self.outputs = [TensorSpec.from_json(t) for t in spec["outputs"]]
+        self.inputs, self.outputs = list(spec.inputs), list(spec.outputs)
         self.input_names = {t.name for t in self.inputs}
         self.bias_input = bias_input(self.inputs)
         self.primary = next(t for t in self.inputs if t.name in PRIMARY_INPUTS)
         self.result_specs = [t for t in self.outputs if not t.name.startswith("present_")]
-        self.profiles = plan["profiles"]
-        self.kv_mode = kv_binding_mode(plan.get("kv", {}).get("mode", spec["kv"]["mode"]), trt_version)
+        self.profiles = list(plan.profiles)
+        self.kv_mode = kv_binding_mode(plan.kv.get("mode", spec.kv.mode), trt_version)
         self.max_context = max_context
         self.keep_max = max(p.get("values", {}).get("logits_to_keep", {"max": [1]})["max"][0]
                             for p in self.profiles)
@@ -231,7 +226,7 @@ class TrtPiece:
         # shape tensors (read from host memory): the engine knows; the plan's analysis is the fallback
         is_shape = getattr(self.engine, "is_shape_inference_io", None)
         self.shape_tensors = ({t.name for t in self.inputs if is_shape(t.name)} if is_shape else
-                              set(plan.get("shape_tensors", [])))
+                              set(plan.shape_tensors))
         self._buffers: list[_DeviceBuffer] = []
         self.contexts = self._contexts()
         self._kv: list[tuple[str, str, list[_DeviceBuffer], tuple[int, ...]]] = []
@@ -404,19 +399,19 @@ def open_trt_piece(bundle, name: str, trt=None, cudart=None) -> TrtPiece:
     # TensorRT first: on a machine without it, that is the one thing to say, whatever the bundle holds
     trt = trt or import_tensorrt("; to run this bundle here use --backend onnxruntime")
     cudart = cudart or cuda_runtime()
-    section = bundle.manifest.get("tensorrt") or {}
-    plan = section.get("plan", {}).get(name)
+    section = bundle.manifest.tensorrt
+    plan = section.plan.get(name)
     if plan is None:
         raise SpecExportError(f"bundle {bundle.root} has no TensorRT plan for piece {name!r}; build it with"
                               " `specexport build --backend tensorrt --target NAME`")
-    entry = engine_entry(bundle.manifest, name)
+    entry = section.engine(name)
     if entry is None:
         raise SpecExportError(f"bundle {bundle.root} has no TensorRT engine for piece {name!r}; build the engines"
                               f" on this device with `specexport engines build {bundle.root}`")
     device = device_info(cudart)
-    check_engine_compat(entry, trt.__version__, device["compute_capability"], bundle=bundle.root)
-    path = Path(bundle.root) / entry["file"]
+    check_engine_compat(dataclasses.asdict(entry), trt.__version__, device["compute_capability"], bundle=bundle.root)
+    path = Path(bundle.root) / entry.file
     if not path.is_file():
         raise SpecExportError(f"{path} is missing; rebuild the engines with `specexport engines build {bundle.root}`")
     return TrtPiece(name, path.read_bytes(), bundle.pieces[name], plan, bundle.max_context, trt, cudart,
-                    trt.__version__, bool(entry.get("version_compatible")))
+                    trt.__version__, entry.version_compatible)
