@@ -1,6 +1,7 @@
 """CALL ORDER ONLY. `TensorRTDouble` and `CudaRuntimeDouble` are test doubles of the `tensorrt` module and of
 cuda-python's runtime: they record which API calls the engine builder and the TensorRT piece make, in
-which order and with which arguments. They build nothing and compute nothing, so these tests verify the
+which order and with which arguments (the CUDA double also keeps each allocation as host bytes and refuses
+copies that overlap or leave their allocation). They build nothing and compute nothing, so these tests verify the
 sequence of calls (strongly typed network, parse_from_file, workspace cap, timing cache shared across
 pieces and reused across runs, three profiles with shape-tensor values, the swap of two KV buffers that
 are never bound as both input and output), NOT that TensorRT accepts the graphs or computes the right
@@ -212,7 +213,14 @@ class TensorRTDouble:
 
 
 class CudaRuntimeDouble:
-    """Test double of cuda-python's runtime module: hands out fake pointers, copies nothing (call order only)."""
+    """Test double of cuda-python's runtime module (no GPU): hands out fake device pointers backed by host
+    bytearrays, so device-to-device copies and memsets really move bytes there, and every copy is checked
+    the way the CUDA runtime documents its arguments: each range inside one allocation, and source and
+    destination never overlapping ("the memory areas may not overlap"). A violation raises AssertionError
+    in the test. Host-to-device and device-to-host copies are recorded and bounds-checked on the device
+    side only. It computes nothing: what TensorRT would write is never written."""
+
+    ALIGN = 256  # cudaMalloc returns at least 256-byte aligned addresses
 
     class cudaMemcpyKind:
         cudaMemcpyHostToDevice = 1
@@ -222,6 +230,7 @@ class CudaRuntimeDouble:
     def __init__(self, major=8, minor=7):
         self.calls: list[tuple] = []
         self.next_ptr = 0x1000
+        self.memory: dict[int, bytearray] = {}  # base address -> the allocation's bytes
         self.props = SimpleNamespace(major=major, minor=minor, name=b"Fake Orin (test double)")
 
     def cudaGetDeviceCount(self):
@@ -235,22 +244,65 @@ class CudaRuntimeDouble:
 
     def cudaMalloc(self, nbytes):
         self.next_ptr += 0x100000
+        assert nbytes <= 0x100000 - self.ALIGN, "the double's address space holds allocations up to 1 MiB"
+        self.memory[self.next_ptr] = bytearray(nbytes)
         self.calls.append(("cudaMalloc", nbytes, self.next_ptr))
         return 0, self.next_ptr
 
     def cudaFree(self, ptr):
+        self.memory.pop(ptr, None)
         return (0,)
+
+    def locate(self, ptr: int, nbytes: int) -> tuple[int, int]:
+        """(allocation base, offset) of [ptr, ptr + nbytes), which must lie inside one live allocation."""
+        for base, data in self.memory.items():
+            if base <= ptr and ptr + nbytes <= base + len(data):
+                return base, ptr - base
+        raise AssertionError(f"device range 0x{ptr:x}+{nbytes} lies in no allocation")
+
+    def read(self, ptr: int, nbytes: int) -> bytes:
+        base, off = self.locate(ptr, nbytes)
+        return bytes(self.memory[base][off:off + nbytes])
+
+    def write(self, ptr: int, data: bytes) -> None:
+        base, off = self.locate(ptr, len(data))
+        self.memory[base][off:off + len(data)] = data
+
+    def _copy_2d(self, dst, dpitch, src, spitch, width, height):
+        assert width <= dpitch and width <= spitch, f"width {width} exceeds a pitch ({dpitch}, {spitch})"
+        if height == 0 or width == 0:
+            return
+        src_rows = [(src + r * spitch, src + r * spitch + width) for r in range(height)]
+        dst_rows = [(dst + r * dpitch, dst + r * dpitch + width) for r in range(height)]
+        for lo, hi in src_rows + dst_rows:
+            self.locate(lo, hi - lo)
+        for s_lo, s_hi in src_rows:
+            for d_lo, d_hi in dst_rows:
+                assert s_hi <= d_lo or d_hi <= s_lo, (
+                    f"overlapping copy: source 0x{s_lo:x}..0x{s_hi:x} and destination 0x{d_lo:x}..0x{d_hi:x}")
+        rows = [self.read(lo, hi - lo) for lo, hi in src_rows]
+        for (lo, _), row in zip(dst_rows, rows, strict=True):
+            self.write(lo, row)
 
     def cudaMemsetAsync(self, ptr, value, nbytes, stream):
         self.calls.append(("cudaMemsetAsync", ptr, nbytes))
+        self.write(ptr, bytes([value]) * nbytes)
         return (0,)
 
     def cudaMemcpyAsync(self, dst, src, nbytes, kind, stream):
         self.calls.append(("cudaMemcpyAsync", kind, nbytes))
+        if kind == self.cudaMemcpyKind.cudaMemcpyDeviceToDevice:
+            self._copy_2d(dst, nbytes, src, nbytes, nbytes, 1)
+        elif kind == self.cudaMemcpyKind.cudaMemcpyHostToDevice:
+            self.locate(dst, nbytes)
+        else:
+            self.locate(src, nbytes)
         return (0,)
 
     def cudaMemcpy2DAsync(self, dst, dpitch, src, spitch, width, height, kind, stream):
         self.calls.append(("cudaMemcpy2DAsync", dst, dpitch, src, spitch, width, height, kind))
+        assert kind == self.cudaMemcpyKind.cudaMemcpyDeviceToDevice, "only device-to-device 2-D copies are modelled"
+        self._copy_2d(dst, dpitch, src, spitch, width, height)
         return (0,)
 
     def cudaStreamSynchronize(self, stream):
