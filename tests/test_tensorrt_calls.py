@@ -170,6 +170,7 @@ class TensorRTDouble:
 
             def set_tensor_address(self, name, ptr):
                 fake.calls.append(("context.set_tensor_address", self.profile, name, ptr))
+                assert ptr % 256 == 0, f"{name} bound at 0x{ptr:x}, not 256-byte aligned (setTensorAddress)"
                 return True
 
             def execute_async_v3(self, stream):
@@ -307,6 +308,28 @@ class CudaRuntimeDouble:
 
     def cudaStreamSynchronize(self, stream):
         self.calls.append(("cudaStreamSynchronize",))
+        return (0,)
+
+    # streams and events (runtime/backends/cuda_streams.py): handles only, nothing waits
+    cudaStreamNonBlocking = 1
+    cudaEventDisableTiming = 2
+
+    def cudaStreamCreateWithFlags(self, flags):
+        self.next_handle = getattr(self, "next_handle", 100) + 1
+        return 0, self.next_handle
+
+    cudaEventCreateWithFlags = cudaStreamCreateWithFlags
+
+    def cudaStreamWaitEvent(self, stream, event, flags):
+        return (0,)
+
+    def cudaEventRecord(self, event, stream):
+        return (0,)
+
+    def cudaEventDestroy(self, event):
+        return (0,)
+
+    def cudaStreamDestroy(self, stream):
         return (0,)
 
 

@@ -168,3 +168,36 @@ def test_bucket_growth_copies_every_head_into_the_bigger_layout(engines_512, end
                         src_bytes[src][h * old * row:(h + 1) * old * row]
         start = end
     piece.close()
+
+
+def test_pearl_ring_slots_and_every_bound_address_are_256_byte_aligned(engines_128):
+    """PEARL's handoff on TensorRT pieces (the doubles): shallow binds each ring slot as its output, which
+    TensorRT takes only on a 256-byte boundary (the double's set_tensor_address asserts it for every address,
+    the host-side shape tensors included), although one position's state is 128 bytes here; deep still reads
+    the states as consecutive rows of its input."""
+    from types import SimpleNamespace
+
+    from specexport.runtime.backends.cuda_streams import RING, StreamHandoff
+    from specexport.runtime.pearl import Item
+    from specexport.runtime.policies import DraftSignal
+
+    trt, cuda = TensorRTDouble(), CudaRuntimeDouble()
+    pieces = SimpleNamespace(**{n: open_trt_piece(engines_128, n, trt=trt, cudart=cuda) for n in ("shallow", "deep")})
+    handoff = StreamHandoff(pieces, self_draft=True)
+    row = 64 * 2  # the tiny model's hidden size, fp16
+    assert handoff.row == row
+    states = {}
+    for pos in range(RING + 3):  # every slot, and the first ones again
+        h = handoff.shallow(pos % 50, pos)
+        _, ptr = handoff._slot(pos)
+        states[pos] = bytes([pos % 256]) * row  # stands for what shallow wrote into its slot
+        cuda.write(ptr, states[pos])
+    bound = [c[3] for c in trt.calls if c[0] == "context.set_tensor_address"]
+    assert len(bound) > RING and all(ptr % 256 == 0 for ptr in bound)
+    items = [Item(h, 1, None, DraftSignal(1.0)) for _ in range(3)]
+    handoff.deep(items, [1, 2, 3], RING)
+    dst = pieces.deep.input_ptr("hidden_in")
+    assert cuda.read(dst, 3 * row) == states[RING] + states[RING + 1] + states[RING + 2]
+    handoff.close()
+    for piece in vars(pieces).values():
+        piece.close()

@@ -31,6 +31,22 @@ from .common import TensorSpec, TreeMask, bias_input, bias_spec, control_feeds
 
 PRIMARY_INPUTS = ("input_ids", "hidden_in")
 INPLACE_KV_FROM = (10, 15)  # TensorScatter / IKVCacheUpdateLayer: in-place cache writes
+ADDRESS_ALIGNMENT = 256  # IExecutionContext::setTensorAddress: "at least 256-byte alignment", host memory included
+
+
+def aligned(nbytes: int) -> int:
+    """``nbytes`` rounded up to a multiple of ADDRESS_ALIGNMENT (the stride of buffers carved out of one
+    allocation whose parts are bound as tensors)."""
+    return -(-int(nbytes) // ADDRESS_ALIGNMENT) * ADDRESS_ALIGNMENT
+
+
+def aligned_host_array(shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """A zeroed host array whose data starts on an ADDRESS_ALIGNMENT boundary (numpy guarantees only 16 or 64
+    bytes), for shape tensors TensorRT reads from host memory."""
+    nbytes = max(int(np.prod(shape)) * np.dtype(dtype).itemsize, 1)
+    raw = np.zeros(nbytes + ADDRESS_ALIGNMENT, dtype=np.uint8)
+    offset = -raw.ctypes.data % ADDRESS_ALIGNMENT
+    return raw[offset:offset + nbytes].view(dtype)[:int(np.prod(shape))].reshape(shape)
 
 
 # -- pure functions (tested without a GPU) ---------------------------------------------------------
@@ -252,7 +268,7 @@ class TrtPiece:
                          and dynamic_cache_len(self.inputs) else None)
         self._in = {t.name: self._alloc(self._capacity(t)) for t in self.inputs
                     if not t.name.startswith("past_") and t.name not in self.shape_tensors}
-        self._host_shape_values = {t.name: np.zeros([int(d) for d in t.shape], dtype=t.dtype)
+        self._host_shape_values = {t.name: aligned_host_array(tuple(int(d) for d in t.shape), t.dtype)
                                    for t in self.inputs if t.name in self.shape_tensors}
         self._out = {t.name: self._alloc(self._capacity(t)) for t in self.result_specs}
         cuda_check(cudart.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
