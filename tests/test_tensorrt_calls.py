@@ -61,6 +61,8 @@ class TensorRTDouble:
 
     def _setup(self):
         self.calls: list[tuple] = []
+        self.refuse_shape: set[str] = set()  # tensors whose set_input_shape returns False
+        self.refuse_address: set[str] = set()  # tensors whose set_tensor_address returns False
         fake = self
 
         class Cache:
@@ -165,13 +167,15 @@ class TensorRTDouble:
 
             def set_input_shape(self, name, shape):
                 fake.calls.append(("context.set_input_shape", self.profile, name, tuple(shape)))
+                if name in fake.refuse_shape:
+                    return False
                 self.shapes[name] = tuple(shape)
                 return True
 
             def set_tensor_address(self, name, ptr):
                 fake.calls.append(("context.set_tensor_address", self.profile, name, ptr))
                 assert ptr % 256 == 0, f"{name} bound at 0x{ptr:x}, not 256-byte aligned (setTensorAddress)"
-                return True
+                return name not in fake.refuse_address
 
             def execute_async_v3(self, stream):
                 fake.calls.append(("context.execute_async_v3", self.profile, stream))
@@ -626,4 +630,26 @@ def test_trt_piece_binds_a_cache_that_follows_the_used_length(tmp_path, tiny_che
     assert shapes["past_key.0"][2] == 256 and not copies
     shapes, copies = call(20, 0)  # a new sequence starts small again
     assert shapes["past_key.0"][2] == 128 and not copies
+    piece.close()
+
+
+@pytest.mark.parametrize(("call", "tensor", "words"), [
+    ("shape", "past_key.1", r"refused shape \(1, 2, 128, 16\) for input 'past_key.1' in its 'prefill' profile"),
+    ("shape", "logits_to_keep", r"refused shape \(1,\) for input 'logits_to_keep'"),
+    ("address", "present_value.0", r"refused address 0x[0-9a-f]+ for tensor 'present_value.0'"),
+    ("address", "logits", r"refused address 0x[0-9a-f]+ for tensor 'logits'"),
+])
+def test_trt_piece_stops_when_tensorrt_refuses_a_shape_or_address(bundle, call, tensor, words):
+    """set_input_shape and set_tensor_address return False when TensorRT refuses (the previous binding then
+    stays in place): the call stops before execute_async_v3 with one sentence naming the piece and the tensor."""
+    from specexport.runtime.errors import SpecExportError
+
+    trt, cuda = TensorRTDouble(), CudaRuntimeDouble()
+    build_engines(bundle, trt=trt, cudart=cuda, log=lambda m: None)
+    piece = open_trt_piece(load_bundle(bundle), "deep", trt=trt, cudart=cuda)
+    getattr(trt, f"refuse_{call}").add(tensor)
+    trt.calls.clear()
+    with pytest.raises(SpecExportError, match=f"engine of piece 'deep' {words}.*specexport engines build"):
+        piece.run(np.zeros((1, 20, 64), np.float16), 0, keep=1)
+    assert "context.execute_async_v3" not in _names(trt.calls)
     piece.close()

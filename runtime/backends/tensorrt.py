@@ -347,28 +347,29 @@ class TrtPiece:
         feeds = control_feeds(self.input_names, start, n, keep, tree,
                               bias_spec(self.bias_input, start, n, slots))
         feeds[self.primary.name] = np.ascontiguousarray(x, dtype=self.primary.dtype)
+        profile = self.profiles[index]["name"]
         for name, value in feeds.items():
             if name in self.shape_tensors:  # shape tensors are read from host memory
                 host = self._host_shape_values[name]
                 host[...] = value.reshape(host.shape)
-                ctx.set_input_shape(name, host.shape)
-                ctx.set_tensor_address(name, host.ctypes.data)
+                self._bind_shape(ctx, profile, name, host.shape)
+                self._bind_address(ctx, name, host.ctypes.data)
                 continue
             value = np.ascontiguousarray(value)
-            ctx.set_input_shape(name, value.shape)
+            self._bind_shape(ctx, profile, name, value.shape)
             if name == self.primary.name and device_in is not None:
-                ctx.set_tensor_address(name, device_in)
+                self._bind_address(ctx, name, device_in)
                 continue
             self._h2d(self._in[name], value)
-            ctx.set_tensor_address(name, self._in[name].ptr)
+            self._bind_address(ctx, name, self._in[name].ptr)
         for past, present, buffers, shape in self._kv:
-            ctx.set_input_shape(past, (*shape[:2], slots, *shape[3:]))
+            self._bind_shape(ctx, profile, past, (*shape[:2], slots, *shape[3:]))
             # swap: two distinct buffers (issue 4681); inplace: the one buffer TensorRT's cache update writes into
-            ctx.set_tensor_address(past, buffers[0].ptr)
-            ctx.set_tensor_address(present, buffers[-1].ptr)
+            self._bind_address(ctx, past, buffers[0].ptr)
+            self._bind_address(ctx, present, buffers[-1].ptr)
         out_ptrs = {t.name: (device_out or {}).get(t.name, self._out[t.name].ptr) for t in self.result_specs}
         for t in self.result_specs:
-            ctx.set_tensor_address(t.name, out_ptrs[t.name])
+            self._bind_address(ctx, t.name, out_ptrs[t.name])
         if not ctx.execute_async_v3(_handle(self.stream)):
             raise SpecExportError(f"TensorRT failed to run piece {self.name!r}")
         results = {}
@@ -382,6 +383,19 @@ class TrtPiece:
         for _, _, buffers, _ in self._kv:  # the updated cache is the next call's past (a no-op in place)
             buffers.reverse()
         return results
+
+    # A refused shape or address leaves the previous one bound, and the engine would run on it: stop here.
+    def _bind_shape(self, ctx, profile: str, name: str, shape: tuple[int, ...]) -> None:
+        if not ctx.set_input_shape(name, tuple(shape)):
+            raise SpecExportError(f"the TensorRT engine of piece {self.name!r} refused shape {tuple(shape)} for input"
+                                  f" {name!r} in its {profile!r} profile; the engine does not match the bundle's plan,"
+                                  " so rebuild the engines with `specexport engines build BUNDLE`")
+
+    def _bind_address(self, ctx, name: str, ptr: int) -> None:
+        if not ctx.set_tensor_address(name, ptr):
+            raise SpecExportError(f"the TensorRT engine of piece {self.name!r} refused address 0x{ptr:x} for tensor"
+                                  f" {name!r} (no such tensor, or an address it cannot use); rebuild the engines with"
+                                  " `specexport engines build BUNDLE`")
 
     def _grow_bucket(self, start: int, n: int) -> int:
         """The call's cache length; when it outgrows the current bucket, every cache is laid out again into
