@@ -13,7 +13,9 @@ way: which calls, in which order, with which buffers.
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -653,3 +655,46 @@ def test_trt_piece_stops_when_tensorrt_refuses_a_shape_or_address(bundle, call, 
         piece.run(np.zeros((1, 20, 64), np.float16), 0, keep=1)
     assert "context.execute_async_v3" not in _names(trt.calls)
     piece.close()
+
+
+class TensorRT86Double(TensorRTDouble):
+    """The double as TensorRT 8.6.2 (JetPack 6.0) looks to this code: no strongly typed networks, no
+    ExecutionContextAllocationStrategy."""
+
+    __version__ = "8.6.2"
+
+    class NetworkDefinitionCreationFlag:
+        EXPLICIT_BATCH = 0
+
+    def __getattribute__(self, name):
+        if name == "ExecutionContextAllocationStrategy":
+            raise AttributeError(name)
+        return super().__getattribute__(name)
+
+
+TOO_OLD = r"this machine's TensorRT is 8\.6\.2, older than the TensorRT 10 that specexport needs.*JetPack 6\.1 or later"
+
+
+def test_tensorrt_8_6_is_refused_in_one_sentence(bundle, monkeypatch):
+    """TensorRT 8.6: `engines build`, build_engines and opening an engine each refuse with the version needed and
+    how to get it, before touching an API 8.6 lacks (which used to end in an AttributeError)."""
+    from click.testing import CliRunner
+    from specexport.cli.main import main
+    from specexport.exporter.tensorrt import engines as trt_build
+    from specexport.runtime.backends import tensorrt as trt_backend
+    from specexport.runtime.errors import SpecExportError
+
+    with pytest.raises(SpecExportError, match=TOO_OLD):
+        build_engines(bundle, trt=TensorRT86Double(), cudart=CudaRuntimeDouble(), log=lambda m: None)
+    build_engines(bundle, trt=TensorRTDouble(), cudart=CudaRuntimeDouble(), log=lambda m: None)
+    with pytest.raises(SpecExportError, match=TOO_OLD + ".*--backend onnxruntime"):
+        open_trt_piece(load_bundle(bundle), "deep", trt=TensorRT86Double(), cudart=CudaRuntimeDouble())
+
+    old, cuda = TensorRT86Double(), CudaRuntimeDouble()
+    monkeypatch.setattr(trt_backend, "cuda_runtime", lambda: cuda)
+    monkeypatch.setattr(trt_build, "cuda_runtime", lambda: cuda)
+    monkeypatch.setitem(sys.modules, "tensorrt", old)  # what `import tensorrt` finds
+    result = CliRunner().invoke(main, ["engines", "build", str(bundle)])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and re.search(TOO_OLD, errors[0]), result.output

@@ -18,7 +18,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from ...runtime.backends.tensorrt import cuda_runtime, device_info, import_tensorrt
+from ...runtime.backends.tensorrt import cuda_runtime, device_info, import_tensorrt, require_tensorrt_version
 from ...runtime.errors import SpecExportError
 from ...runtime.manifest import MANIFEST, read_manifest, sha256_file
 from ...runtime.paths import cache_dir
@@ -54,7 +54,7 @@ def tensorrt_blocker() -> str | None:
 
 def require_tensorrt(trt=None, cudart=None, hint: str = "") -> tuple:
     """(tensorrt module, cuda runtime module, device info), or one sentence saying what is missing."""
-    trt = trt or import_tensorrt(hint)
+    trt = require_tensorrt_version(trt, hint) if trt is not None else import_tensorrt(hint)
     cudart = cudart or cuda_runtime()
     return trt, cudart, device_info(cudart)
 

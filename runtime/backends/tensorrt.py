@@ -31,6 +31,9 @@ from .common import TensorSpec, TreeMask, bias_input, bias_spec, control_feeds
 
 PRIMARY_INPUTS = ("input_ids", "hidden_in")
 INPLACE_KV_FROM = (10, 15)  # TensorScatter / IKVCacheUpdateLayer: in-place cache writes
+# The API this backend and the engine builder use (strongly typed networks, user-managed context memory,
+# named tensor I/O) is TensorRT 10's; JetPack 6.0's TensorRT 8.6 lacks parts of it.
+MIN_TENSORRT = (10,)
 ADDRESS_ALIGNMENT = 256  # IExecutionContext::setTensorAddress: "at least 256-byte alignment", host memory included
 
 
@@ -153,6 +156,19 @@ def import_tensorrt(hint: str = "") -> object:
     if not hasattr(trt, "Builder") or not hasattr(trt, "Runtime"):
         raise SpecExportError("the installed `tensorrt` package is a placeholder without the TensorRT libraries;"
                               f" install the real bindings (JetPack's python3-libnvinfer, or NVIDIA's wheels){hint}")
+    return require_tensorrt_version(trt, hint)
+
+
+def require_tensorrt_version(trt, hint: str = "") -> object:
+    """``trt`` itself, or one sentence when it is older than MIN_TENSORRT (before any of its API is touched:
+    TensorRT 8.6 would fail later with an AttributeError)."""
+    version = str(getattr(trt, "__version__", "?"))
+    if _version(version)[:len(MIN_TENSORRT)] < MIN_TENSORRT:
+        raise SpecExportError(
+            f"this machine's TensorRT is {version}, older than the TensorRT 10 that specexport needs (10.3 or newer"
+            " is what it is checked against); on a Jetson upgrade to JetPack 6.1 or later, which ships TensorRT 10.3"
+            " (JetPack 6.0 ships 8.6), elsewhere install NVIDIA's `tensorrt>=10.3` wheels"
+            f" (samples/jetson/README.md){hint}")
     return trt
 
 
@@ -432,7 +448,8 @@ def open_trt_piece(bundle, name: str, trt=None, cudart=None) -> TrtPiece:
     the engine's TensorRT version / compute capability before deserializing it. ``trt`` and ``cudart``
     default to the real modules (tests pass doubles to check call order only)."""
     # TensorRT first: on a machine without it, that is the one thing to say, whatever the bundle holds
-    trt = trt or import_tensorrt("; to run this bundle here use --backend onnxruntime")
+    hint = "; to run this bundle here use --backend onnxruntime"
+    trt = require_tensorrt_version(trt, hint) if trt is not None else import_tensorrt(hint)
     cudart = cudart or cuda_runtime()
     section = bundle.manifest.get("tensorrt") or {}
     plan = section.get("plan", {}).get(name)
