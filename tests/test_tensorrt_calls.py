@@ -17,6 +17,7 @@ import re
 import shutil
 import sys
 from types import SimpleNamespace
+from typing import ClassVar
 
 import numpy as np
 import onnx
@@ -61,10 +62,20 @@ class TensorRTDouble:
     class ExecutionContextAllocationStrategy:
         USER_MANAGED = "USER_MANAGED"
 
+    # enum members as the bindings show them: objects with a .name
+    DataType = SimpleNamespace(**{n: SimpleNamespace(name=n) for n in
+                                  ("FLOAT", "HALF", "BF16", "INT8", "UINT8", "INT32", "INT64", "BOOL")})
+    TensorIOMode = SimpleNamespace(INPUT=SimpleNamespace(name="INPUT"), OUTPUT=SimpleNamespace(name="OUTPUT"))
+    TensorLocation = SimpleNamespace(DEVICE=SimpleNamespace(name="DEVICE"), HOST=SimpleNamespace(name="HOST"))
+    NUMPY_TO_TRT: ClassVar[dict[str, str]] = {
+        "float32": "FLOAT", "float16": "HALF", "int8": "INT8", "uint8": "UINT8", "int32": "INT32", "int64": "INT64",
+        "bool": "BOOL"}
+
     def _setup(self):
         self.calls: list[tuple] = []
         self.refuse_shape: set[str] = set()  # tensors whose set_input_shape returns False
         self.refuse_address: set[str] = set()  # tensors whose set_tensor_address returns False
+        self.location: dict[str, str] = {}  # get_tensor_location overrides: tensor -> "HOST" or "DEVICE"
         fake = self
 
         class Cache:
@@ -139,7 +150,7 @@ class TensorRTDouble:
             def build_serialized_network(self, network, config):
                 fake.calls.append(("builder.build_serialized_network", config.profiles))
                 form = b"inplace:" if getattr(network, "inplace", False) else b"swap:"
-                return b"fake-engine:" + form + ",".join(t.name for t in network.inputs).encode()
+                return b"fake-engine:" + form + json.dumps(network.io).encode()  # the I/O the engine reports
 
         class OnnxParser:
             num_errors = 0
@@ -152,6 +163,13 @@ class TensorRTDouble:
                 model = onnx.load(path, load_external_data=False)
                 self.network.inputs = [SimpleNamespace(name=v.name, is_shape_tensor=v.name == "logits_to_keep")
                                        for v in model.graph.input]
+
+                def io(v, mode):
+                    dtype = onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name
+                    return [v.name, mode, fake.NUMPY_TO_TRT[dtype], len(v.type.tensor_type.shape.dim),
+                            "HOST" if v.name == "logits_to_keep" else "DEVICE"]
+                self.network.io = [*(io(v, "INPUT") for v in model.graph.input),
+                                   *(io(v, "OUTPUT") for v in model.graph.output)]
                 self.network.inplace = any(n.op_type == "TensorScatter" for n in model.graph.node)
                 return True
 
@@ -191,13 +209,33 @@ class TensorRTDouble:
         class Engine:
             num_optimization_profiles = 3
 
-            def __init__(self, inplace):
+            def __init__(self, inplace, io):
                 self.contexts, self.inplace = 0, inplace
+                self.io = {t[0]: t for t in io}  # name -> [name, mode, dtype, rank, location]
 
             def get_aliased_input_tensor(self, name):
                 return name.replace("present_", "past_", 1) if self.inplace and name.startswith("present_") else None
 
-            def is_shape_inference_io(self, name):
+            @property
+            def num_io_tensors(self):
+                return len(self.io)
+
+            def get_tensor_name(self, i):
+                return list(self.io)[i]
+
+            def get_tensor_mode(self, name):
+                return getattr(fake.TensorIOMode, self.io[name][1])
+
+            def get_tensor_dtype(self, name):
+                return getattr(fake.DataType, self.io[name][2])
+
+            def get_tensor_shape(self, name):
+                return (-1,) * self.io[name][3]
+
+            def get_tensor_location(self, name):
+                return getattr(fake.TensorLocation, fake.location.get(name, self.io[name][4]))
+
+            def is_shape_inference_io(self, name):  # what the plan's analysis says, whatever the location
                 return name == "logits_to_keep"
 
             def get_device_memory_size_for_profile_v2(self, i):
@@ -214,7 +252,8 @@ class TensorRTDouble:
 
             def deserialize_cuda_engine(self, data):
                 fake.calls.append(("runtime.deserialize_cuda_engine", bytes(data[:12])))
-                return Engine(bytes(data).startswith(b"fake-engine:inplace:"))
+                head, _, io = bytes(data).partition(b"[")
+                return Engine(head == b"fake-engine:inplace:", json.loads(b"[" + io))
 
         self.Builder, self.OnnxParser, self.Runtime = Builder, OnnxParser, Runtime
 
@@ -585,8 +624,8 @@ def test_adopt_records_trtexec_engines_call_order(bundle):
     trt = TensorRTDouble()
     with pytest.raises(SpecExportError, match=r"run tensorrt/build_shallow\.sh first"):
         build_engines(bundle, trt=trt, cudart=CudaRuntimeDouble(), adopt=True, log=lambda m: None)
-    for name in ("shallow", "deep", "adapter"):
-        (bundle / "tensorrt" / f"{name}.engine").write_bytes(b"fake-engine:swap:" + name.encode())
+    # stands for trtexec: engine files the double can deserialize
+    build_engines(bundle, trt=TensorRTDouble(), cudart=CudaRuntimeDouble(), log=lambda m: None)
     trt.calls.clear()
     manifest = build_engines(bundle, trt=trt, cudart=CudaRuntimeDouble(), adopt=True, log=lambda m: None)
     names = _names(trt.calls)
@@ -698,3 +737,86 @@ def test_tensorrt_8_6_is_refused_in_one_sentence(bundle, monkeypatch):
     assert result.exit_code == 1 and "Traceback" not in result.output, result.output
     errors = [line for line in result.output.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and re.search(TOO_OLD, errors[0]), result.output
+
+
+def test_trt_piece_binds_by_the_engines_tensor_location(bundle):
+    """get_tensor_location decides host or device memory: an input the engine keeps on the device is copied
+    there and bound by its device address, even when it is used for shape inference; a host-side input is
+    bound by a host address."""
+    trt, cuda = TensorRTDouble(), CudaRuntimeDouble()
+    build_engines(bundle, trt=trt, cudart=cuda, log=lambda m: None)
+    trt.location["logits_to_keep"] = "DEVICE"
+    piece = open_trt_piece(load_bundle(bundle), "deep", trt=trt, cudart=cuda)
+    trt.calls.clear()
+    cuda.calls.clear()
+    piece.run(np.zeros((1, 20, 64), np.float16), 0, keep=1)
+    bound = {c[2]: c[3] for c in trt.calls if c[0] == "context.set_tensor_address"}
+    assert bound["logits_to_keep"] == piece.input_ptr("logits_to_keep") and bound["logits_to_keep"] in cuda.memory
+    h2d = [c[2] for c in cuda.calls if c[0] == "cudaMemcpyAsync" and c[1] == 1]
+    assert 8 in h2d  # the int64 value went to the device
+    piece.close()
+    trt.location["logits_to_keep"] = "HOST"
+    piece = open_trt_piece(load_bundle(bundle), "deep", trt=trt, cudart=cuda)
+    trt.calls.clear()
+    piece.run(np.zeros((1, 20, 64), np.float16), 0, keep=1)
+    bound = {c[2]: c[3] for c in trt.calls if c[0] == "context.set_tensor_address"}
+    assert bound["logits_to_keep"] == piece._host_shape_values["logits_to_keep"].ctypes.data
+    piece.close()
+
+
+@pytest.mark.parametrize(("tensor", "words"), [
+    ("position_ids", "wants 'position_ids' in host memory"),  # a per-call shape: cannot be a fixed host array
+    ("past_key.0", "wants 'past_key.0' in host memory"),
+    ("logits", "wants 'logits' in host memory"),
+])
+def test_trt_piece_refuses_host_memory_it_cannot_bind(bundle, tensor, words):
+    from specexport.runtime.errors import SpecExportError
+
+    trt = TensorRTDouble()
+    build_engines(bundle, trt=trt, cudart=CudaRuntimeDouble(), log=lambda m: None)
+    trt.location[tensor] = "HOST"
+    with pytest.raises(SpecExportError, match=f"engine of piece 'deep' {words}.*specexport engines build"):
+        open_trt_piece(load_bundle(bundle), "deep", trt=trt, cudart=CudaRuntimeDouble())
+
+
+def _tamper_inputs(spec):
+    spec["inputs"] = [t for t in spec["inputs"] if t["name"] != "attention_bias"]
+
+
+def _input(spec, name):
+    return next(t for t in spec["inputs"] if t["name"] == name)
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    (lambda spec: _input(spec, "past_value.1").update(dtype="float32"),
+     r"has input 'past_value\.1' as float16 of rank 4, but the manifest says input float32 of rank 4"),
+    (lambda spec: _input(spec, "hidden_in").update(shape=["batch", "seq"]),
+     r"has input 'hidden_in' as float16 of rank 3, but the manifest says input float16 of rank 2"),
+    (lambda spec: spec["outputs"].append({"name": "top_token", "dtype": "int64", "shape": ["batch", "kept"]}),
+     r"has no output 'top_token', which the manifest lists"),
+    (_tamper_inputs, r"has input 'attention_bias', which the manifest does not list"),
+])
+def test_trt_piece_refuses_an_engine_whose_io_differs_from_the_manifest(bundle, change, words):
+    """Names, dtypes and ranks of the engine's I/O against the manifest's piece, at load, naming the tensor."""
+    from specexport.runtime.errors import SpecExportError
+    from specexport.runtime.manifest import Bundle
+
+    trt = TensorRTDouble()
+    build_engines(bundle, trt=trt, cudart=CudaRuntimeDouble(), log=lambda m: None)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    change(manifest["pieces"]["deep"])
+    with pytest.raises(SpecExportError, match=f"TensorRT engine of piece 'deep' {words}.*specexport engines build"):
+        open_trt_piece(Bundle(bundle, manifest), "deep", trt=trt, cudart=CudaRuntimeDouble())
+
+
+def test_adopt_refuses_an_engine_whose_io_differs_from_the_manifest(bundle):
+    """--adopt (engines trtexec built from the plan's scripts) compares each engine's I/O with the manifest too."""
+    from specexport.runtime.errors import SpecExportError
+
+    build_engines(bundle, trt=TensorRTDouble(), cudart=CudaRuntimeDouble(), log=lambda m: None)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    _input(manifest["pieces"]["shallow"], "input_ids").update(dtype="int32")
+    with pytest.raises(SpecExportError, match=r"piece 'shallow' has input 'input_ids' as int64 of rank 2, but the"
+                                              r" manifest says input int32 of rank 2"):
+        build_engines(bundle, manifest, trt=TensorRTDouble(), cudart=CudaRuntimeDouble(), adopt=True,
+                      log=lambda m: None)

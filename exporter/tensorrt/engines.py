@@ -18,7 +18,15 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from ...runtime.backends.tensorrt import cuda_runtime, device_info, import_tensorrt, require_tensorrt_version
+from ...runtime.backends.common import TensorSpec
+from ...runtime.backends.tensorrt import (
+    check_engine_io,
+    cuda_runtime,
+    device_info,
+    engine_io,
+    import_tensorrt,
+    require_tensorrt_version,
+)
 from ...runtime.errors import SpecExportError
 from ...runtime.manifest import MANIFEST, read_manifest, sha256_file
 from ...runtime.paths import cache_dir
@@ -193,6 +201,9 @@ def build_engines(bundle_dir: Path, manifest: dict | None = None, *, pieces: lis
             if engine.num_optimization_profiles != len(plan["profiles"]):
                 raise SpecExportError(f"{engine_path} has {engine.num_optimization_profiles} profiles, the plan"
                                       f" {len(plan['profiles'])}; rebuild it with {plan['script']}")
+            spec = manifest["pieces"][name]
+            check_engine_io(engine_io(engine), [TensorSpec.from_json(t) for t in spec["inputs"]],
+                            [TensorSpec.from_json(t) for t in spec["outputs"]], name, root)
             built_with = "trtexec"
         else:
             if builder is None:

@@ -15,8 +15,8 @@ follows the piece's graph (the plan's ``kv.mode``):
 Rolling back after a rejected draft is free either way (attention masks positions past the query). Only
 the small outputs (hidden states, logits rows, draft token and probability) are copied back.
 
-Nothing here imports TensorRT or CUDA until a piece is opened; `check_engine_compat`, `select_profile`
-and `kv_binding_mode` are pure functions.
+Nothing here imports TensorRT or CUDA until a piece is opened; `check_engine_compat`, `select_profile`,
+`check_engine_io` and `kv_binding_mode` are pure functions.
 """
 
 from __future__ import annotations
@@ -135,6 +135,66 @@ def select_profile(profiles: list[dict], n: int, keep: int, batch: int = 1) -> i
                           " verify_max or context")
 
 
+# TensorRT's DataType names -> the manifest's numpy dtype names
+TRT_DTYPES = {"FLOAT": "float32", "HALF": "float16", "BF16": "bfloat16", "INT8": "int8", "UINT8": "uint8",
+              "INT32": "int32", "INT64": "int64", "BOOL": "bool", "FP8": "float8_e4m3fn", "INT4": "int4"}
+
+
+def _enum_name(value) -> str:
+    """'HALF' for trt.DataType.HALF (pybind11 enums have .name; str() gives 'DataType.HALF')."""
+    return str(getattr(value, "name", None) or str(value).rsplit(".", 1)[-1])
+
+
+def engine_io(engine) -> dict[str, tuple[str, str, int]]:
+    """An engine's I/O tensors as {name: ('input' | 'output', numpy dtype name, rank)}."""
+    io = {}
+    for i in range(engine.num_io_tensors):
+        name = engine.get_tensor_name(i)
+        kind = "input" if _enum_name(engine.get_tensor_mode(name)) == "INPUT" else "output"
+        dtype = _enum_name(engine.get_tensor_dtype(name))
+        io[name] = (kind, TRT_DTYPES.get(dtype, dtype.lower()), len(engine.get_tensor_shape(name)))
+    return io
+
+
+def check_engine_io(io: dict[str, tuple[str, str, int]], inputs: list[TensorSpec], outputs: list[TensorSpec],
+                    piece: str, bundle: str | Path = "BUNDLE") -> None:
+    """Refuse (one sentence naming the tensor) an engine whose I/O names, dtypes or ranks differ from what the
+    manifest says the piece takes and returns: binding by the manifest would feed such an engine wrong bytes."""
+    want = {t.name: ("input", t.dtype, len(t.shape)) for t in inputs}
+    want.update({t.name: ("output", t.dtype, len(t.shape)) for t in outputs})
+    fix = (f"; the engine was not built from this bundle's pieces, so rebuild it with `specexport engines build"
+           f" {bundle}`")
+    for name, (kind, dtype, rank) in want.items():
+        got = io.get(name)
+        if got is None:
+            raise SpecExportError(f"the TensorRT engine of piece {piece!r} has no {kind} {name!r}, which the manifest"
+                                  f" lists{fix}")
+        if got != (kind, dtype, rank):
+            raise SpecExportError(f"the TensorRT engine of piece {piece!r} has {got[0]} {name!r} as {got[1]} of rank"
+                                  f" {got[2]}, but the manifest says {kind} {dtype} of rank {rank}{fix}")
+    extra = next((name for name in io if name not in want), None)
+    if extra is not None:
+        raise SpecExportError(f"the TensorRT engine of piece {piece!r} has {io[extra][0]} {extra!r}, which the manifest"
+                              f" does not list{fix}")
+
+
+def host_tensors(engine, trt, inputs: list[TensorSpec], outputs: list[TensorSpec], piece: str,
+                 bundle: str | Path = "BUNDLE") -> set[str]:
+    """The inputs TensorRT reads from host memory (shape tensors), by the engine's own get_tensor_location.
+    Only small inputs of fixed shape can be host-side here, and caches and outputs are always bound on the
+    device: anything else is refused in one sentence."""
+    host = set()
+    for t in [*inputs, *outputs]:
+        if engine.get_tensor_location(t.name) != trt.TensorLocation.HOST:
+            continue
+        if t in outputs or t.name.startswith("past_") or not all(isinstance(d, int) for d in t.shape):
+            raise SpecExportError(f"the TensorRT engine of piece {piece!r} wants {t.name!r} in host memory, which"
+                                  f" this runtime binds on the device; rebuild the engines with `specexport engines"
+                                  f" build {bundle}` from this bundle's plan")
+        host.add(t.name)
+    return host
+
+
 def engine_entry(manifest: dict, piece: str) -> dict | None:
     for entry in manifest.get("tensorrt", {}).get("engines", []):
         if entry.get("piece") == piece:
@@ -235,7 +295,7 @@ class TrtPiece:
     """One engine, its contexts (one per profile) and its device buffers; implements `Piece.run`."""
 
     def __init__(self, name: str, engine_bytes: bytes, spec: dict, plan: dict, max_context: int, trt, cudart,
-                 trt_version: str, version_compatible: bool = False) -> None:
+                 trt_version: str, version_compatible: bool = False, bundle: str | Path = "BUNDLE") -> None:
         self.name, self.trt, self.cudart = name, trt, cudart
         self.inputs = [TensorSpec.from_json(t) for t in spec["inputs"]]
         self.outputs = [TensorSpec.from_json(t) for t in spec["outputs"]]
@@ -260,10 +320,9 @@ class TrtPiece:
         if self.engine.num_optimization_profiles != len(self.profiles):
             raise SpecExportError(f"the engine of piece {name!r} has {self.engine.num_optimization_profiles}"
                                   f" optimization profiles, the plan {len(self.profiles)}; rebuild the engines")
-        # shape tensors (read from host memory): the engine knows; the plan's analysis is the fallback
-        is_shape = getattr(self.engine, "is_shape_inference_io", None)
-        self.shape_tensors = ({t.name for t in self.inputs if is_shape(t.name)} if is_shape else
-                              set(plan.get("shape_tensors", [])))
+        check_engine_io(engine_io(self.engine), self.inputs, self.outputs, name, bundle)
+        # where TensorRT reads each input from is the engine's to say (shape tensors: host memory)
+        self.shape_tensors = host_tensors(self.engine, trt, self.inputs, self.outputs, name, bundle)
         self._buffers: list[_DeviceBuffer] = []
         self.contexts = self._contexts()
         self._kv: list[tuple[str, str, list[_DeviceBuffer], tuple[int, ...]]] = []
@@ -466,4 +525,4 @@ def open_trt_piece(bundle, name: str, trt=None, cudart=None) -> TrtPiece:
     if not path.is_file():
         raise SpecExportError(f"{path} is missing; rebuild the engines with `specexport engines build {bundle.root}`")
     return TrtPiece(name, path.read_bytes(), bundle.pieces[name], plan, bundle.max_context, trt, cudart,
-                    trt.__version__, bool(entry.get("version_compatible")))
+                    trt.__version__, bool(entry.get("version_compatible")), bundle=bundle.root)
