@@ -3,9 +3,9 @@ two on two Python threads, as on the CPU).
 
 NOT RUN: written against TensorRT 10's Python API and cuda-python's runtime bindings, but this repository's
 machines have no GPU, so neither the overlap nor the code has been checked on a device. What it assumes:
-cuda-python releases the GIL in cudaStreamSynchronize (its Cython bindings call the runtime `nogil`), so
-one thread waits for its stream while the other enqueues work; TensorRT's `execute_async_v3` only
-enqueues.
+cuda-python releases the GIL in cudaStreamSynchronize (every call, from 12.9.1 and 13.0.0) and fills its
+symbol table thread-safely (12.9.2, 13.0.1), which the `tensorrt` and `jetson-*` extras pin, so one thread
+waits for its stream while the other enqueues work; TensorRT's `execute_async_v3` only enqueues.
 
 The handoff of the self-draft's shallow states stays on the device:
 

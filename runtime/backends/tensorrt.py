@@ -239,9 +239,9 @@ def cuda_runtime() -> object:
         try:
             from cuda import cudart  # older cuda-python
         except ImportError as exc:
-            raise SpecExportError(f"cuda-python is not importable ({exc}); install it with `pip install"
-                                  " cuda-python` in the major version of the device's CUDA (12 on JetPack 6,"
-                                  " 13 on JetPack 7)") from None
+            raise SpecExportError(f"cuda-python is not importable ({exc}); install the one of the device's CUDA:"
+                                  " `pip install 'cuda-python>=12.9.2,<13'` for CUDA 12 (JetPack 6), 'cuda-python"
+                                  ">=13.0.1,<14' for CUDA 13 (JetPack 7)") from None
     return cudart
 
 
