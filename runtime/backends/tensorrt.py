@@ -296,7 +296,7 @@ class TrtPiece:
 
     def __init__(self, name: str, engine_bytes: bytes, spec: dict, plan: dict, max_context: int, trt, cudart,
                  trt_version: str, version_compatible: bool = False, bundle: str | Path = "BUNDLE") -> None:
-        self.name, self.trt, self.cudart = name, trt, cudart
+        self.name, self.trt, self.cudart, self.bundle = name, trt, cudart, bundle
         self.inputs = [TensorSpec.from_json(t) for t in spec["inputs"]]
         self.outputs = [TensorSpec.from_json(t) for t in spec["outputs"]]
         self.input_names = {t.name for t in self.inputs}
@@ -316,10 +316,11 @@ class TrtPiece:
         self.engine = self.runtime.deserialize_cuda_engine(engine_bytes)
         if self.engine is None:
             raise SpecExportError(f"TensorRT could not deserialize the engine of piece {name!r}; rebuild it on this"
-                                  " device with `specexport engines build BUNDLE`")
+                                  f" device with `specexport engines build {bundle}`")
         if self.engine.num_optimization_profiles != len(self.profiles):
             raise SpecExportError(f"the engine of piece {name!r} has {self.engine.num_optimization_profiles}"
-                                  f" optimization profiles, the plan {len(self.profiles)}; rebuild the engines")
+                                  f" optimization profiles, the plan {len(self.profiles)}; rebuild the engines with"
+                                  f" `specexport engines build {bundle}`")
         check_engine_io(engine_io(self.engine), self.inputs, self.outputs, name, bundle)
         # where TensorRT reads each input from is the engine's to say (shape tensors: host memory)
         self.shape_tensors = host_tensors(self.engine, trt, self.inputs, self.outputs, name, bundle)
@@ -464,13 +465,13 @@ class TrtPiece:
         if not ctx.set_input_shape(name, tuple(shape)):
             raise SpecExportError(f"the TensorRT engine of piece {self.name!r} refused shape {tuple(shape)} for input"
                                   f" {name!r} in its {profile!r} profile; the engine does not match the bundle's plan,"
-                                  " so rebuild the engines with `specexport engines build BUNDLE`")
+                                  f" so rebuild the engines with `specexport engines build {self.bundle}`")
 
     def _bind_address(self, ctx, name: str, ptr: int) -> None:
         if not ctx.set_tensor_address(name, ptr):
             raise SpecExportError(f"the TensorRT engine of piece {self.name!r} refused address 0x{ptr:x} for tensor"
                                   f" {name!r} (no such tensor, or an address it cannot use); rebuild the engines with"
-                                  " `specexport engines build BUNDLE`")
+                                  f" `specexport engines build {self.bundle}`")
 
     def _grow_bucket(self, start: int, n: int) -> int:
         """The call's cache length; when it outgrows the current bucket, every cache is laid out again into
