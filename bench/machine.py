@@ -1,5 +1,5 @@
-"""What a benchmark figure depends on besides the code: the machine, its load, the package versions, the
-thread count; and the peak memory of one `specexport generate` run."""
+"""What a benchmark figure depends on besides the code: the machine (on a Jetson its power mode and clocks),
+its load, the package versions, the thread count; and the peak memory of one `specexport generate` run."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -50,9 +51,37 @@ def loadavg() -> list[float] | None:
         return None
 
 
+# A Jetson's power mode and clocks set its speed more than anything else; both tools live in /usr/sbin or /usr/bin,
+# which a user's PATH may lack.
+JETSON_TOOLS = (("nvpmodel", "-q"), ("jetson_clocks", "--show"))
+
+
+def jetson_power(path: str | None = None) -> dict | None:
+    """On a Jetson, what `nvpmodel -q` and `jetson_clocks --show` print (or why they failed: the clocks need
+    root); None where neither tool exists. ``path``: where to look instead of $PATH, /usr/sbin and /usr/bin."""
+    search = path or os.pathsep.join(filter(None, [os.environ.get("PATH"), "/usr/sbin", "/usr/bin"]))
+    out = {}
+    for tool, arg in JETSON_TOOLS:
+        exe = shutil.which(tool, path=search)
+        if exe is None:
+            continue
+        try:
+            r = subprocess.run([exe, arg], capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            out[tool] = f"failed: {exc}"
+            continue
+        text = (r.stdout.strip() or r.stderr.strip())[-4000:]
+        out[tool] = text if r.returncode == 0 else f"exit {r.returncode}: {text}"
+    return out or None
+
+
 def machine_info() -> dict:
-    return {"cpu_model": cpu_model(), "cores": usable_cores(), "platform": platform.platform(),
+    info = {"cpu_model": cpu_model(), "cores": usable_cores(), "platform": platform.platform(),
             "python": platform.python_version()}
+    power = jetson_power()
+    if power is not None:
+        info["jetson_power"] = power
+    return info
 
 
 def versions() -> dict:

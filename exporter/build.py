@@ -353,7 +353,8 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
                 from .tensorrt.engines import build_section
 
                 stage("building TensorRT engines")
-                trt_section = build_section(writer.tmp, trt_section, log=lambda m: tqdm.write(m, file=sys.stderr))
+                trt_section = build_section(writer.tmp, trt_section, writer.pieces,
+                                            log=lambda m: tqdm.write(m, file=sys.stderr))
 
         stage("writing bundle")
         tokenizer.save_pretrained(writer.tmp / "tokenizer")

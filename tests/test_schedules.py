@@ -470,10 +470,11 @@ def test_trt_stream_handoff_call_order():
     draft, verify = handoff.draft_stream, handoff.verify_stream
     assert pieces.shallow.stream == pieces.adapter.stream == draft and pieces.deep.stream == verify
     row = 4 * 2  # four fp16 values per position
+    slot = 256  # ring slots are bound as TensorRT outputs: 256-byte aligned
     h = handoff.shallow(5, 10)
     handoff.shallow(6, 11)
     assert calls[:3] == [("cudaStreamWaitEvent", draft, handoff.consumed[10], 0),
-                         ("shallow", draft, 10, None, {"hidden": 0x10000 + 10 * row}),
+                         ("shallow", draft, 10, None, {"hidden": 0x10000 + 10 * slot}),
                          ("cudaEventRecord", handoff.written[10], draft)]
     calls.clear()
     items = [Item(h, 6, None, DraftSignal(1.0)), Item(h, 7, None, DraftSignal(1.0))]
@@ -481,10 +482,10 @@ def test_trt_stream_handoff_call_order():
     d2d = cuda.cudaMemcpyKind.cudaMemcpyDeviceToDevice
     assert calls == [
         ("cudaStreamWaitEvent", verify, handoff.written[10], 0),
-        ("cudaMemcpyAsync", 0x90000, 0x10000 + 10 * row, row, d2d, verify),
+        ("cudaMemcpyAsync", 0x90000, 0x10000 + 10 * slot, row, d2d, verify),
         ("cudaEventRecord", handoff.consumed[10], verify),
         ("cudaStreamWaitEvent", verify, handoff.written[11], 0),
-        ("cudaMemcpyAsync", 0x90000 + row, 0x10000 + 11 * row, row, d2d, verify),
+        ("cudaMemcpyAsync", 0x90000 + row, 0x10000 + 11 * slot, row, d2d, verify),
         ("cudaEventRecord", handoff.consumed[11], verify),
         ("deep", verify, 10, 0x90000, None),
     ]

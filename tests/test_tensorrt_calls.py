@@ -1,6 +1,7 @@
 """CALL ORDER ONLY. `TensorRTDouble` and `CudaRuntimeDouble` are test doubles of the `tensorrt` module and of
 cuda-python's runtime: they record which API calls the engine builder and the TensorRT piece make, in
-which order and with which arguments. They build nothing and compute nothing, so these tests verify the
+which order and with which arguments (the CUDA double also keeps each allocation as host bytes and refuses
+copies that overlap or leave their allocation). They build nothing and compute nothing, so these tests verify the
 sequence of calls (strongly typed network, parse_from_file, workspace cap, timing cache shared across
 pieces and reused across runs, three profiles with shape-tensor values, the swap of two KV buffers that
 are never bound as both input and output), NOT that TensorRT accepts the graphs or computes the right
@@ -12,8 +13,11 @@ way: which calls, in which order, with which buffers.
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import sys
 from types import SimpleNamespace
+from typing import ClassVar
 
 import numpy as np
 import onnx
@@ -57,8 +61,20 @@ class TensorRTDouble:
     class ExecutionContextAllocationStrategy:
         USER_MANAGED = "USER_MANAGED"
 
+    # enum members as the bindings show them: objects with a .name
+    DataType = SimpleNamespace(**{n: SimpleNamespace(name=n) for n in
+                                  ("FLOAT", "HALF", "BF16", "INT8", "UINT8", "INT32", "INT64", "BOOL")})
+    TensorIOMode = SimpleNamespace(INPUT=SimpleNamespace(name="INPUT"), OUTPUT=SimpleNamespace(name="OUTPUT"))
+    TensorLocation = SimpleNamespace(DEVICE=SimpleNamespace(name="DEVICE"), HOST=SimpleNamespace(name="HOST"))
+    NUMPY_TO_TRT: ClassVar[dict[str, str]] = {
+        "float32": "FLOAT", "float16": "HALF", "int8": "INT8", "uint8": "UINT8", "int32": "INT32", "int64": "INT64",
+        "bool": "BOOL"}
+
     def _setup(self):
         self.calls: list[tuple] = []
+        self.refuse_shape: set[str] = set()  # tensors whose set_input_shape returns False
+        self.refuse_address: set[str] = set()  # tensors whose set_tensor_address returns False
+        self.location: dict[str, str] = {}  # get_tensor_location overrides: tensor -> "HOST" or "DEVICE"
         fake = self
 
         class Cache:
@@ -133,7 +149,7 @@ class TensorRTDouble:
             def build_serialized_network(self, network, config):
                 fake.calls.append(("builder.build_serialized_network", config.profiles))
                 form = b"inplace:" if getattr(network, "inplace", False) else b"swap:"
-                return b"fake-engine:" + form + ",".join(t.name for t in network.inputs).encode()
+                return b"fake-engine:" + form + json.dumps(network.io).encode()  # the I/O the engine reports
 
         class OnnxParser:
             num_errors = 0
@@ -146,6 +162,13 @@ class TensorRTDouble:
                 model = onnx.load(path, load_external_data=False)
                 self.network.inputs = [SimpleNamespace(name=v.name, is_shape_tensor=v.name == "logits_to_keep")
                                        for v in model.graph.input]
+
+                def io(v, mode):
+                    dtype = onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name
+                    return [v.name, mode, fake.NUMPY_TO_TRT[dtype], len(v.type.tensor_type.shape.dim),
+                            "HOST" if v.name == "logits_to_keep" else "DEVICE"]
+                self.network.io = [*(io(v, "INPUT") for v in model.graph.input),
+                                   *(io(v, "OUTPUT") for v in model.graph.output)]
                 self.network.inplace = any(n.op_type == "TensorScatter" for n in model.graph.node)
                 return True
 
@@ -163,12 +186,15 @@ class TensorRTDouble:
 
             def set_input_shape(self, name, shape):
                 fake.calls.append(("context.set_input_shape", self.profile, name, tuple(shape)))
+                if name in fake.refuse_shape:
+                    return False
                 self.shapes[name] = tuple(shape)
                 return True
 
             def set_tensor_address(self, name, ptr):
                 fake.calls.append(("context.set_tensor_address", self.profile, name, ptr))
-                return True
+                assert ptr % 256 == 0, f"{name} bound at 0x{ptr:x}, not 256-byte aligned (setTensorAddress)"
+                return name not in fake.refuse_address
 
             def execute_async_v3(self, stream):
                 fake.calls.append(("context.execute_async_v3", self.profile, stream))
@@ -182,13 +208,33 @@ class TensorRTDouble:
         class Engine:
             num_optimization_profiles = 3
 
-            def __init__(self, inplace):
+            def __init__(self, inplace, io):
                 self.contexts, self.inplace = 0, inplace
+                self.io = {t[0]: t for t in io}  # name -> [name, mode, dtype, rank, location]
 
             def get_aliased_input_tensor(self, name):
                 return name.replace("present_", "past_", 1) if self.inplace and name.startswith("present_") else None
 
-            def is_shape_inference_io(self, name):
+            @property
+            def num_io_tensors(self):
+                return len(self.io)
+
+            def get_tensor_name(self, i):
+                return list(self.io)[i]
+
+            def get_tensor_mode(self, name):
+                return getattr(fake.TensorIOMode, self.io[name][1])
+
+            def get_tensor_dtype(self, name):
+                return getattr(fake.DataType, self.io[name][2])
+
+            def get_tensor_shape(self, name):
+                return (-1,) * self.io[name][3]
+
+            def get_tensor_location(self, name):
+                return getattr(fake.TensorLocation, fake.location.get(name, self.io[name][4]))
+
+            def is_shape_inference_io(self, name):  # what the plan's analysis says, whatever the location
                 return name == "logits_to_keep"
 
             def get_device_memory_size_for_profile_v2(self, i):
@@ -205,13 +251,21 @@ class TensorRTDouble:
 
             def deserialize_cuda_engine(self, data):
                 fake.calls.append(("runtime.deserialize_cuda_engine", bytes(data[:12])))
-                return Engine(bytes(data).startswith(b"fake-engine:inplace:"))
+                head, _, io = bytes(data).partition(b"[")
+                return Engine(head == b"fake-engine:inplace:", json.loads(b"[" + io))
 
         self.Builder, self.OnnxParser, self.Runtime = Builder, OnnxParser, Runtime
 
 
 class CudaRuntimeDouble:
-    """Test double of cuda-python's runtime module: hands out fake pointers, copies nothing (call order only)."""
+    """Test double of cuda-python's runtime module (no GPU): hands out fake device pointers backed by host
+    bytearrays, so device-to-device copies and memsets really move bytes there, and every copy is checked
+    the way the CUDA runtime documents its arguments: each range inside one allocation, and source and
+    destination never overlapping ("the memory areas may not overlap"). A violation raises AssertionError
+    in the test. Host-to-device and device-to-host copies are recorded and bounds-checked on the device
+    side only. It computes nothing: what TensorRT would write is never written."""
+
+    ALIGN = 256  # cudaMalloc returns at least 256-byte aligned addresses
 
     class cudaMemcpyKind:
         cudaMemcpyHostToDevice = 1
@@ -221,6 +275,7 @@ class CudaRuntimeDouble:
     def __init__(self, major=8, minor=7):
         self.calls: list[tuple] = []
         self.next_ptr = 0x1000
+        self.memory: dict[int, bytearray] = {}  # base address -> the allocation's bytes
         self.props = SimpleNamespace(major=major, minor=minor, name=b"Fake Orin (test double)")
 
     def cudaGetDeviceCount(self):
@@ -234,26 +289,91 @@ class CudaRuntimeDouble:
 
     def cudaMalloc(self, nbytes):
         self.next_ptr += 0x100000
+        assert nbytes <= 0x100000 - self.ALIGN, "the double's address space holds allocations up to 1 MiB"
+        self.memory[self.next_ptr] = bytearray(nbytes)
         self.calls.append(("cudaMalloc", nbytes, self.next_ptr))
         return 0, self.next_ptr
 
     def cudaFree(self, ptr):
+        self.memory.pop(ptr, None)
         return (0,)
+
+    def locate(self, ptr: int, nbytes: int) -> tuple[int, int]:
+        """(allocation base, offset) of [ptr, ptr + nbytes), which must lie inside one live allocation."""
+        for base, data in self.memory.items():
+            if base <= ptr and ptr + nbytes <= base + len(data):
+                return base, ptr - base
+        raise AssertionError(f"device range 0x{ptr:x}+{nbytes} lies in no allocation")
+
+    def read(self, ptr: int, nbytes: int) -> bytes:
+        base, off = self.locate(ptr, nbytes)
+        return bytes(self.memory[base][off:off + nbytes])
+
+    def write(self, ptr: int, data: bytes) -> None:
+        base, off = self.locate(ptr, len(data))
+        self.memory[base][off:off + len(data)] = data
+
+    def _copy_2d(self, dst, dpitch, src, spitch, width, height):
+        assert width <= dpitch and width <= spitch, f"width {width} exceeds a pitch ({dpitch}, {spitch})"
+        if height == 0 or width == 0:
+            return
+        src_rows = [(src + r * spitch, src + r * spitch + width) for r in range(height)]
+        dst_rows = [(dst + r * dpitch, dst + r * dpitch + width) for r in range(height)]
+        for lo, hi in src_rows + dst_rows:
+            self.locate(lo, hi - lo)
+        for s_lo, s_hi in src_rows:
+            for d_lo, d_hi in dst_rows:
+                assert s_hi <= d_lo or d_hi <= s_lo, (
+                    f"overlapping copy: source 0x{s_lo:x}..0x{s_hi:x} and destination 0x{d_lo:x}..0x{d_hi:x}")
+        rows = [self.read(lo, hi - lo) for lo, hi in src_rows]
+        for (lo, _), row in zip(dst_rows, rows, strict=True):
+            self.write(lo, row)
 
     def cudaMemsetAsync(self, ptr, value, nbytes, stream):
         self.calls.append(("cudaMemsetAsync", ptr, nbytes))
+        self.write(ptr, bytes([value]) * nbytes)
         return (0,)
 
     def cudaMemcpyAsync(self, dst, src, nbytes, kind, stream):
         self.calls.append(("cudaMemcpyAsync", kind, nbytes))
+        if kind == self.cudaMemcpyKind.cudaMemcpyDeviceToDevice:
+            self._copy_2d(dst, nbytes, src, nbytes, nbytes, 1)
+        elif kind == self.cudaMemcpyKind.cudaMemcpyHostToDevice:
+            self.locate(dst, nbytes)
+        else:
+            self.locate(src, nbytes)
         return (0,)
 
     def cudaMemcpy2DAsync(self, dst, dpitch, src, spitch, width, height, kind, stream):
         self.calls.append(("cudaMemcpy2DAsync", dst, dpitch, src, spitch, width, height, kind))
+        assert kind == self.cudaMemcpyKind.cudaMemcpyDeviceToDevice, "only device-to-device 2-D copies are modelled"
+        self._copy_2d(dst, dpitch, src, spitch, width, height)
         return (0,)
 
     def cudaStreamSynchronize(self, stream):
         self.calls.append(("cudaStreamSynchronize",))
+        return (0,)
+
+    # streams and events (runtime/backends/cuda_streams.py): handles only, nothing waits
+    cudaStreamNonBlocking = 1
+    cudaEventDisableTiming = 2
+
+    def cudaStreamCreateWithFlags(self, flags):
+        self.next_handle = getattr(self, "next_handle", 100) + 1
+        return 0, self.next_handle
+
+    cudaEventCreateWithFlags = cudaStreamCreateWithFlags
+
+    def cudaStreamWaitEvent(self, stream, event, flags):
+        return (0,)
+
+    def cudaEventRecord(self, event, stream):
+        return (0,)
+
+    def cudaEventDestroy(self, event):
+        return (0,)
+
+    def cudaStreamDestroy(self, stream):
         return (0,)
 
 
@@ -493,8 +613,8 @@ def test_adopt_records_trtexec_engines_call_order(bundle):
     trt = TensorRTDouble()
     with pytest.raises(SpecExportError, match=r"run tensorrt/build_shallow\.sh first"):
         build_engines(bundle, trt=trt, cudart=CudaRuntimeDouble(), adopt=True, log=lambda m: None)
-    for name in ("shallow", "deep", "adapter"):
-        (bundle / "tensorrt" / f"{name}.engine").write_bytes(b"fake-engine:swap:" + name.encode())
+    # stands for trtexec: engine files the double can deserialize
+    build_engines(bundle, trt=TensorRTDouble(), cudart=CudaRuntimeDouble(), log=lambda m: None)
     trt.calls.clear()
     manifest = build_engines(bundle, trt=trt, cudart=CudaRuntimeDouble(), adopt=True, log=lambda m: None).to_dict()
     names = _names(trt.calls)
@@ -538,3 +658,151 @@ def test_trt_piece_binds_a_cache_that_follows_the_used_length(tmp_path, tiny_che
     shapes, copies = call(20, 0)  # a new sequence starts small again
     assert shapes["past_key.0"][2] == 128 and not copies
     piece.close()
+
+
+@pytest.mark.parametrize(("call", "tensor", "words"), [
+    ("shape", "past_key.1", r"refused shape \(1, 2, 128, 16\) for input 'past_key.1' in its 'prefill' profile"),
+    ("shape", "logits_to_keep", r"refused shape \(1,\) for input 'logits_to_keep'"),
+    ("address", "present_value.0", r"refused address 0x[0-9a-f]+ for tensor 'present_value.0'"),
+    ("address", "logits", r"refused address 0x[0-9a-f]+ for tensor 'logits'"),
+])
+def test_trt_piece_stops_when_tensorrt_refuses_a_shape_or_address(bundle, call, tensor, words):
+    """set_input_shape and set_tensor_address return False when TensorRT refuses (the previous binding then
+    stays in place): the call stops before execute_async_v3 with one sentence naming the piece and the tensor."""
+    from specexport.runtime.errors import SpecExportError
+
+    trt, cuda = TensorRTDouble(), CudaRuntimeDouble()
+    build_engines(bundle, trt=trt, cudart=cuda, log=lambda m: None)
+    piece = open_trt_piece(load_bundle(bundle), "deep", trt=trt, cudart=cuda)
+    getattr(trt, f"refuse_{call}").add(tensor)
+    trt.calls.clear()
+    with pytest.raises(SpecExportError, match=f"engine of piece 'deep' {words}.*specexport engines build"):
+        piece.run(np.zeros((1, 20, 64), np.float16), 0, keep=1)
+    assert "context.execute_async_v3" not in _names(trt.calls)
+    piece.close()
+
+
+class TensorRT86Double(TensorRTDouble):
+    """The double as TensorRT 8.6.2 (JetPack 6.0) looks to this code: no strongly typed networks, no
+    ExecutionContextAllocationStrategy."""
+
+    __version__ = "8.6.2"
+
+    class NetworkDefinitionCreationFlag:
+        EXPLICIT_BATCH = 0
+
+    def __getattribute__(self, name):
+        if name == "ExecutionContextAllocationStrategy":
+            raise AttributeError(name)
+        return super().__getattribute__(name)
+
+
+TOO_OLD = r"this machine's TensorRT is 8\.6\.2, older than the TensorRT 10 that specexport needs.*JetPack 6\.1 or later"
+
+
+def test_tensorrt_8_6_is_refused_in_one_sentence(bundle, monkeypatch):
+    """TensorRT 8.6: `engines build`, build_engines and opening an engine each refuse with the version needed and
+    how to get it, before touching an API 8.6 lacks (which used to end in an AttributeError)."""
+    from click.testing import CliRunner
+    from specexport.cli.main import main
+    from specexport.exporter.tensorrt import engines as trt_build
+    from specexport.runtime.backends import tensorrt as trt_backend
+    from specexport.runtime.errors import SpecExportError
+
+    with pytest.raises(SpecExportError, match=TOO_OLD):
+        build_engines(bundle, trt=TensorRT86Double(), cudart=CudaRuntimeDouble(), log=lambda m: None)
+    build_engines(bundle, trt=TensorRTDouble(), cudart=CudaRuntimeDouble(), log=lambda m: None)
+    with pytest.raises(SpecExportError, match=TOO_OLD + ".*--backend onnxruntime"):
+        open_trt_piece(load_bundle(bundle), "deep", trt=TensorRT86Double(), cudart=CudaRuntimeDouble())
+
+    old, cuda = TensorRT86Double(), CudaRuntimeDouble()
+    monkeypatch.setattr(trt_backend, "cuda_runtime", lambda: cuda)
+    monkeypatch.setattr(trt_build, "cuda_runtime", lambda: cuda)
+    monkeypatch.setitem(sys.modules, "tensorrt", old)  # what `import tensorrt` finds
+    result = CliRunner().invoke(main, ["engines", "build", str(bundle)])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and re.search(TOO_OLD, errors[0]), result.output
+
+
+def test_trt_piece_binds_by_the_engines_tensor_location(bundle):
+    """get_tensor_location decides host or device memory: an input the engine keeps on the device is copied
+    there and bound by its device address, even when it is used for shape inference; a host-side input is
+    bound by a host address."""
+    trt, cuda = TensorRTDouble(), CudaRuntimeDouble()
+    build_engines(bundle, trt=trt, cudart=cuda, log=lambda m: None)
+    trt.location["logits_to_keep"] = "DEVICE"
+    piece = open_trt_piece(load_bundle(bundle), "deep", trt=trt, cudart=cuda)
+    trt.calls.clear()
+    cuda.calls.clear()
+    piece.run(np.zeros((1, 20, 64), np.float16), 0, keep=1)
+    bound = {c[2]: c[3] for c in trt.calls if c[0] == "context.set_tensor_address"}
+    assert bound["logits_to_keep"] == piece.input_ptr("logits_to_keep") and bound["logits_to_keep"] in cuda.memory
+    h2d = [c[2] for c in cuda.calls if c[0] == "cudaMemcpyAsync" and c[1] == 1]
+    assert 8 in h2d  # the int64 value went to the device
+    piece.close()
+    trt.location["logits_to_keep"] = "HOST"
+    piece = open_trt_piece(load_bundle(bundle), "deep", trt=trt, cudart=cuda)
+    trt.calls.clear()
+    piece.run(np.zeros((1, 20, 64), np.float16), 0, keep=1)
+    bound = {c[2]: c[3] for c in trt.calls if c[0] == "context.set_tensor_address"}
+    assert bound["logits_to_keep"] == piece._host_shape_values["logits_to_keep"].ctypes.data
+    piece.close()
+
+
+@pytest.mark.parametrize(("tensor", "words"), [
+    ("position_ids", "wants 'position_ids' in host memory"),  # a per-call shape: cannot be a fixed host array
+    ("past_key.0", "wants 'past_key.0' in host memory"),
+    ("logits", "wants 'logits' in host memory"),
+])
+def test_trt_piece_refuses_host_memory_it_cannot_bind(bundle, tensor, words):
+    from specexport.runtime.errors import SpecExportError
+
+    trt = TensorRTDouble()
+    build_engines(bundle, trt=trt, cudart=CudaRuntimeDouble(), log=lambda m: None)
+    trt.location[tensor] = "HOST"
+    with pytest.raises(SpecExportError, match=f"engine of piece 'deep' {words}.*specexport engines build"):
+        open_trt_piece(load_bundle(bundle), "deep", trt=trt, cudart=CudaRuntimeDouble())
+
+
+def _tamper_inputs(spec):
+    spec["inputs"] = [t for t in spec["inputs"] if t["name"] != "attention_bias"]
+
+
+def _input(spec, name):
+    return next(t for t in spec["inputs"] if t["name"] == name)
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    (lambda spec: _input(spec, "past_value.1").update(dtype="float32"),
+     r"has input 'past_value\.1' as float16 of rank 4, but the manifest says input float32 of rank 4"),
+    (lambda spec: _input(spec, "hidden_in").update(shape=["batch", "seq"]),
+     r"has input 'hidden_in' as float16 of rank 3, but the manifest says input float16 of rank 2"),
+    (lambda spec: spec["outputs"].append({"name": "top_token", "dtype": "int64", "shape": ["batch", "kept"]}),
+     r"has no output 'top_token', which the manifest lists"),
+    (_tamper_inputs, r"has input 'attention_bias', which the manifest does not list"),
+])
+def test_trt_piece_refuses_an_engine_whose_io_differs_from_the_manifest(bundle, change, words):
+    """Names, dtypes and ranks of the engine's I/O against the manifest's piece, at load, naming the tensor."""
+    from specexport.runtime.errors import SpecExportError
+
+    trt = TensorRTDouble()
+    build_engines(bundle, trt=trt, cudart=CudaRuntimeDouble(), log=lambda m: None)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    change(manifest["pieces"]["deep"])
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(SpecExportError, match=f"TensorRT engine of piece 'deep' {words}.*specexport engines build"):
+        open_trt_piece(load_bundle(bundle, verify=False), "deep", trt=trt, cudart=CudaRuntimeDouble())
+
+
+def test_adopt_refuses_an_engine_whose_io_differs_from_the_manifest(bundle):
+    """--adopt (engines trtexec built from the plan's scripts) compares each engine's I/O with the manifest too."""
+    from specexport.runtime.errors import SpecExportError
+
+    build_engines(bundle, trt=TensorRTDouble(), cudart=CudaRuntimeDouble(), log=lambda m: None)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    _input(manifest["pieces"]["shallow"], "input_ids").update(dtype="int32")
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(SpecExportError, match=r"piece 'shallow' has input 'input_ids' as int64 of rank 2, but the"
+                                              r" manifest says input int32 of rank 2"):
+        build_engines(bundle, trt=TensorRTDouble(), cudart=CudaRuntimeDouble(), adopt=True, log=lambda m: None)

@@ -18,10 +18,17 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from ...runtime.backends.tensorrt import cuda_runtime, device_info, import_tensorrt
+from ...runtime.backends.tensorrt import (
+    check_engine_io,
+    cuda_runtime,
+    device_info,
+    engine_io,
+    import_tensorrt,
+    require_tensorrt_version,
+)
 from ...runtime.bundle import read_manifest
 from ...runtime.errors import SpecExportError
-from ...runtime.manifest import Manifest, TensorRTSection, read_record, sha256_file
+from ...runtime.manifest import Manifest, Piece, TensorRTSection, read_record, sha256_file
 from ...runtime.paths import cache_dir
 from ..bundle import write_manifest
 
@@ -51,7 +58,7 @@ def tensorrt_blocker() -> str | None:
 
 def require_tensorrt(trt=None, cudart=None, hint: str = "") -> tuple:
     """(tensorrt module, cuda runtime module, device info), or one sentence saying what is missing."""
-    trt = trt or import_tensorrt(hint)
+    trt = require_tensorrt_version(trt, hint) if trt is not None else import_tensorrt(hint)
     cudart = cudart or cuda_runtime()
     return trt, cudart, device_info(cudart)
 
@@ -156,8 +163,8 @@ def build_engines(bundle_dir: Path, *, pieces: list[str] | None = None, timing_c
     ``trt``/``cudart`` default to the real modules."""
     root = Path(bundle_dir)
     manifest = read_manifest(root)
-    section = build_section(root, plain_section(manifest), pieces=pieces, timing_cache=timing_cache, adopt=adopt,
-                            any_device=any_device, log=log, trt=trt, cudart=cudart)
+    section = build_section(root, plain_section(manifest), manifest.pieces, pieces=pieces, timing_cache=timing_cache,
+                            adopt=adopt, any_device=any_device, log=log, trt=trt, cudart=cudart)
     return record_section(root, manifest, section)
 
 
@@ -191,11 +198,11 @@ def record_section(root: Path, manifest: Manifest, section: dict, drop_engines: 
     return write_manifest(root, updated)
 
 
-def build_section(root: Path, section: dict, *, pieces: list[str] | None = None, timing_cache: Path | None = None,
-                  adopt: bool = False, any_device: bool = False, log: Callable[[str], None] = print, trt=None,
-                  cudart=None) -> dict:
+def build_section(root: Path, section: dict, specs: dict[str, Piece], *, pieces: list[str] | None = None,
+                  timing_cache: Path | None = None, adopt: bool = False, any_device: bool = False,
+                  log: Callable[[str], None] = print, trt=None, cudart=None) -> dict:
     """The TensorRT ``section`` (plain, as the manifest stores it) with the engines of its plan built in
-    ``root``; what `build_engines` and `specexport build` share."""
+    ``root``, for the pieces ``specs``; what `build_engines` and `specexport build` share."""
     section = _plan_section(section, root)
     trt, cudart, device = require_tensorrt(trt, cudart)
     trt_version = trt.__version__
@@ -229,6 +236,7 @@ def build_section(root: Path, section: dict, *, pieces: list[str] | None = None,
             if engine.num_optimization_profiles != len(plan["profiles"]):
                 raise SpecExportError(f"{engine_path} has {engine.num_optimization_profiles} profiles, the plan"
                                       f" {len(plan['profiles'])}; rebuild it with {plan['script']}")
+            check_engine_io(engine_io(engine), list(specs[name].inputs), list(specs[name].outputs), name, root)
             built_with = "trtexec"
         else:
             if builder is None:

@@ -3,14 +3,15 @@ two on two Python threads, as on the CPU).
 
 NOT RUN: written against TensorRT 10's Python API and cuda-python's runtime bindings, but this repository's
 machines have no GPU, so neither the overlap nor the code has been checked on a device. What it assumes:
-cuda-python releases the GIL in cudaStreamSynchronize (its Cython bindings call the runtime `nogil`), so
-one thread waits for its stream while the other enqueues work; TensorRT's `execute_async_v3` only
-enqueues.
+cuda-python releases the GIL in cudaStreamSynchronize (every call, from 12.9.1 and 13.0.0) and fills its
+symbol table thread-safely (12.9.2, 13.0.1), which the `tensorrt` and `jetson-*` extras pin, so one thread
+waits for its stream while the other enqueues work; TensorRT's `execute_async_v3` only enqueues.
 
 The handoff of the self-draft's shallow states stays on the device:
 
 - the shallow piece writes each position's state into a slot of a ring buffer (`RING` slots, one
-  position each) and an event `written[slot]` is recorded on the draft stream right after;
+  position each, 256 bytes apart or more, since each slot is bound as a TensorRT output) and an event
+  `written[slot]` is recorded on the draft stream right after;
 - before `deep` runs, the verify stream waits on `written[slot]` of every position it verifies, copies
   the slots into deep's input buffer (device to device) and records `consumed[slot]`;
 - before shallow writes a slot again (RING positions later), the draft stream waits on `consumed[slot]`,
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .tensorrt import _DeviceBuffer, cuda_check
+from .tensorrt import _DeviceBuffer, aligned, cuda_check
 
 if TYPE_CHECKING:  # the backends sit below the loop: they run pieces, never import what schedules them
     from ..decode import Pieces
@@ -61,7 +62,9 @@ class StreamHandoff:
                 piece.stream = self.draft_stream if name in drafting else self.verify_stream
         spec = next(t for t in pieces.shallow.result_specs if t.name == "hidden")
         self.row = int(spec.shape[-1]) * np.dtype(spec.dtype).itemsize  # one position's state, in bytes
-        self.ring = _DeviceBuffer(cudart, RING * self.row)
+        # each slot is bound as shallow's output, and TensorRT takes only 256-byte aligned addresses
+        self.stride = aligned(self.row)
+        self.ring = _DeviceBuffer(cudart, RING * self.stride)
         event = cudart.cudaEventDisableTiming
         self.written = [cuda_check(cudart.cudaEventCreateWithFlags(event), "cudaEventCreateWithFlags")
                         for _ in range(RING)]
@@ -70,7 +73,7 @@ class StreamHandoff:
 
     def _slot(self, pos: int) -> tuple[int, int]:
         slot = pos % RING
-        return slot, self.ring.ptr + slot * self.row
+        return slot, self.ring.ptr + slot * self.stride
 
     # -- drafter thread ------------------------------------------------------------------------------
 

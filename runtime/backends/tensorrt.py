@@ -15,8 +15,8 @@ follows the piece's graph (the plan's ``kv.mode``):
 Rolling back after a rejected draft is free either way (attention masks positions past the query). Only
 the small outputs (hidden states, logits rows, draft token and probability) are copied back.
 
-Nothing here imports TensorRT or CUDA until a piece is opened; `check_engine_compat`, `select_profile`
-and `kv_binding_mode` are pure functions.
+Nothing here imports TensorRT or CUDA until a piece is opened; `check_engine_compat`, `select_profile`,
+`check_engine_io` and `kv_binding_mode` are pure functions.
 """
 
 from __future__ import annotations
@@ -34,6 +34,25 @@ from .common import TensorSpec, TreeMask, bias_input, bias_spec, control_feeds
 
 PRIMARY_INPUTS = ("input_ids", "hidden_in")
 INPLACE_KV_FROM = (10, 15)  # TensorScatter / IKVCacheUpdateLayer: in-place cache writes
+# The API this backend and the engine builder use (strongly typed networks, user-managed context memory,
+# named tensor I/O) is TensorRT 10's; JetPack 6.0's TensorRT 8.6 lacks parts of it.
+MIN_TENSORRT = (10,)
+ADDRESS_ALIGNMENT = 256  # IExecutionContext::setTensorAddress: "at least 256-byte alignment", host memory included
+
+
+def aligned(nbytes: int) -> int:
+    """``nbytes`` rounded up to a multiple of ADDRESS_ALIGNMENT (the stride of buffers carved out of one
+    allocation whose parts are bound as tensors)."""
+    return -(-int(nbytes) // ADDRESS_ALIGNMENT) * ADDRESS_ALIGNMENT
+
+
+def aligned_host_array(shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """A zeroed host array whose data starts on an ADDRESS_ALIGNMENT boundary (numpy guarantees only 16 or 64
+    bytes), for shape tensors TensorRT reads from host memory."""
+    nbytes = max(int(np.prod(shape)) * np.dtype(dtype).itemsize, 1)
+    raw = np.zeros(nbytes + ADDRESS_ALIGNMENT, dtype=np.uint8)
+    offset = -raw.ctypes.data % ADDRESS_ALIGNMENT
+    return raw[offset:offset + nbytes].view(dtype)[:int(np.prod(shape))].reshape(shape)
 
 
 # -- pure functions (tested without a GPU) ---------------------------------------------------------
@@ -119,6 +138,66 @@ def select_profile(profiles: list[dict], n: int, keep: int, batch: int = 1) -> i
                           " verify_max or context")
 
 
+# TensorRT's DataType names -> the manifest's numpy dtype names
+TRT_DTYPES = {"FLOAT": "float32", "HALF": "float16", "BF16": "bfloat16", "INT8": "int8", "UINT8": "uint8",
+              "INT32": "int32", "INT64": "int64", "BOOL": "bool", "FP8": "float8_e4m3fn", "INT4": "int4"}
+
+
+def _enum_name(value) -> str:
+    """'HALF' for trt.DataType.HALF (pybind11 enums have .name; str() gives 'DataType.HALF')."""
+    return str(getattr(value, "name", None) or str(value).rsplit(".", 1)[-1])
+
+
+def engine_io(engine) -> dict[str, tuple[str, str, int]]:
+    """An engine's I/O tensors as {name: ('input' | 'output', numpy dtype name, rank)}."""
+    io = {}
+    for i in range(engine.num_io_tensors):
+        name = engine.get_tensor_name(i)
+        kind = "input" if _enum_name(engine.get_tensor_mode(name)) == "INPUT" else "output"
+        dtype = _enum_name(engine.get_tensor_dtype(name))
+        io[name] = (kind, TRT_DTYPES.get(dtype, dtype.lower()), len(engine.get_tensor_shape(name)))
+    return io
+
+
+def check_engine_io(io: dict[str, tuple[str, str, int]], inputs: list[TensorSpec], outputs: list[TensorSpec],
+                    piece: str, bundle: str | Path = "BUNDLE") -> None:
+    """Refuse (one sentence naming the tensor) an engine whose I/O names, dtypes or ranks differ from what the
+    manifest says the piece takes and returns: binding by the manifest would feed such an engine wrong bytes."""
+    want = {t.name: ("input", t.dtype, len(t.shape)) for t in inputs}
+    want.update({t.name: ("output", t.dtype, len(t.shape)) for t in outputs})
+    fix = (f"; the engine was not built from this bundle's pieces, so rebuild it with `specexport engines build"
+           f" {bundle}`")
+    for name, (kind, dtype, rank) in want.items():
+        got = io.get(name)
+        if got is None:
+            raise SpecExportError(f"the TensorRT engine of piece {piece!r} has no {kind} {name!r}, which the manifest"
+                                  f" lists{fix}")
+        if got != (kind, dtype, rank):
+            raise SpecExportError(f"the TensorRT engine of piece {piece!r} has {got[0]} {name!r} as {got[1]} of rank"
+                                  f" {got[2]}, but the manifest says {kind} {dtype} of rank {rank}{fix}")
+    extra = next((name for name in io if name not in want), None)
+    if extra is not None:
+        raise SpecExportError(f"the TensorRT engine of piece {piece!r} has {io[extra][0]} {extra!r}, which the manifest"
+                              f" does not list{fix}")
+
+
+def host_tensors(engine, trt, inputs: list[TensorSpec], outputs: list[TensorSpec], piece: str,
+                 bundle: str | Path = "BUNDLE") -> set[str]:
+    """The inputs TensorRT reads from host memory (shape tensors), by the engine's own get_tensor_location.
+    Only small inputs of fixed shape can be host-side here, and caches and outputs are always bound on the
+    device: anything else is refused in one sentence."""
+    host = set()
+    for t in [*inputs, *outputs]:
+        if engine.get_tensor_location(t.name) != trt.TensorLocation.HOST:
+            continue
+        if t in outputs or t.name.startswith("past_") or not all(isinstance(d, int) for d in t.shape):
+            raise SpecExportError(f"the TensorRT engine of piece {piece!r} wants {t.name!r} in host memory, which"
+                                  f" this runtime binds on the device; rebuild the engines with `specexport engines"
+                                  f" build {bundle}` from this bundle's plan")
+        host.add(t.name)
+    return host
+
+
 # -- TensorRT and CUDA, imported lazily ------------------------------------------------------------
 
 def import_tensorrt(hint: str = "") -> object:
@@ -133,6 +212,19 @@ def import_tensorrt(hint: str = "") -> object:
     if not hasattr(trt, "Builder") or not hasattr(trt, "Runtime"):
         raise SpecExportError("the installed `tensorrt` package is a placeholder without the TensorRT libraries;"
                               f" install the real bindings (JetPack's python3-libnvinfer, or NVIDIA's wheels){hint}")
+    return require_tensorrt_version(trt, hint)
+
+
+def require_tensorrt_version(trt, hint: str = "") -> object:
+    """``trt`` itself, or one sentence when it is older than MIN_TENSORRT (before any of its API is touched:
+    TensorRT 8.6 would fail later with an AttributeError)."""
+    version = str(getattr(trt, "__version__", "?"))
+    if _version(version)[:len(MIN_TENSORRT)] < MIN_TENSORRT:
+        raise SpecExportError(
+            f"this machine's TensorRT is {version}, older than the TensorRT 10 that specexport needs (10.3 or newer"
+            " is what it is checked against); on a Jetson upgrade to JetPack 6.1 or later, which ships TensorRT 10.3"
+            " (JetPack 6.0 ships 8.6), elsewhere install NVIDIA's `tensorrt>=10.3` wheels"
+            f" (samples/jetson/README.md){hint}")
     return trt
 
 
@@ -143,9 +235,9 @@ def cuda_runtime() -> object:
         try:
             from cuda import cudart  # older cuda-python
         except ImportError as exc:
-            raise SpecExportError(f"cuda-python is not importable ({exc}); install it with `pip install"
-                                  " cuda-python` in the major version of the device's CUDA (12 on JetPack 6,"
-                                  " 13 on JetPack 7)") from None
+            raise SpecExportError(f"cuda-python is not importable ({exc}); install the one of the device's CUDA:"
+                                  " `pip install 'cuda-python>=12.9.2,<13'` for CUDA 12 (JetPack 6), 'cuda-python"
+                                  ">=13.0.1,<14' for CUDA 13 (JetPack 7)") from None
     return cudart
 
 
@@ -199,8 +291,8 @@ class TrtPiece:
     """One engine, its contexts (one per profile) and its device buffers; implements `Piece.run`."""
 
     def __init__(self, name: str, engine_bytes: bytes, spec: PieceSpec, plan: EnginePlan, max_context: int, trt, cudart,
-                 trt_version: str, version_compatible: bool = False) -> None:
-        self.name, self.trt, self.cudart = name, trt, cudart
+                 trt_version: str, version_compatible: bool = False, bundle: str | Path = "BUNDLE") -> None:
+        self.name, self.trt, self.cudart, self.bundle = name, trt, cudart, bundle
         self.inputs, self.outputs = list(spec.inputs), list(spec.outputs)
         self.input_names = {t.name for t in self.inputs}
         self.bias_input = bias_input(self.inputs)
@@ -219,14 +311,14 @@ class TrtPiece:
         self.engine = self.runtime.deserialize_cuda_engine(engine_bytes)
         if self.engine is None:
             raise SpecExportError(f"TensorRT could not deserialize the engine of piece {name!r}; rebuild it on this"
-                                  " device with `specexport engines build BUNDLE`")
+                                  f" device with `specexport engines build {bundle}`")
         if self.engine.num_optimization_profiles != len(self.profiles):
             raise SpecExportError(f"the engine of piece {name!r} has {self.engine.num_optimization_profiles}"
-                                  f" optimization profiles, the plan {len(self.profiles)}; rebuild the engines")
-        # shape tensors (read from host memory): the engine knows; the plan's analysis is the fallback
-        is_shape = getattr(self.engine, "is_shape_inference_io", None)
-        self.shape_tensors = ({t.name for t in self.inputs if is_shape(t.name)} if is_shape else
-                              set(plan.shape_tensors))
+                                  f" optimization profiles, the plan {len(self.profiles)}; rebuild the engines with"
+                                  f" `specexport engines build {bundle}`")
+        check_engine_io(engine_io(self.engine), self.inputs, self.outputs, name, bundle)
+        # where TensorRT reads each input from is the engine's to say (shape tensors: host memory)
+        self.shape_tensors = host_tensors(self.engine, trt, self.inputs, self.outputs, name, bundle)
         self._buffers: list[_DeviceBuffer] = []
         self.contexts = self._contexts()
         self._kv: list[tuple[str, str, list[_DeviceBuffer], tuple[int, ...]]] = []
@@ -247,7 +339,7 @@ class TrtPiece:
                          and dynamic_cache_len(self.inputs) else None)
         self._in = {t.name: self._alloc(self._capacity(t)) for t in self.inputs
                     if not t.name.startswith("past_") and t.name not in self.shape_tensors}
-        self._host_shape_values = {t.name: np.zeros([int(d) for d in t.shape], dtype=t.dtype)
+        self._host_shape_values = {t.name: aligned_host_array(tuple(int(d) for d in t.shape), t.dtype)
                                    for t in self.inputs if t.name in self.shape_tensors}
         self._out = {t.name: self._alloc(self._capacity(t)) for t in self.result_specs}
         cuda_check(cudart.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
@@ -326,28 +418,29 @@ class TrtPiece:
         feeds = control_feeds(self.input_names, start, n, keep, tree,
                               bias_spec(self.bias_input, start, n, slots))
         feeds[self.primary.name] = np.ascontiguousarray(x, dtype=self.primary.dtype)
+        profile = self.profiles[index]["name"]
         for name, value in feeds.items():
             if name in self.shape_tensors:  # shape tensors are read from host memory
                 host = self._host_shape_values[name]
                 host[...] = value.reshape(host.shape)
-                ctx.set_input_shape(name, host.shape)
-                ctx.set_tensor_address(name, host.ctypes.data)
+                self._bind_shape(ctx, profile, name, host.shape)
+                self._bind_address(ctx, name, host.ctypes.data)
                 continue
             value = np.ascontiguousarray(value)
-            ctx.set_input_shape(name, value.shape)
+            self._bind_shape(ctx, profile, name, value.shape)
             if name == self.primary.name and device_in is not None:
-                ctx.set_tensor_address(name, device_in)
+                self._bind_address(ctx, name, device_in)
                 continue
             self._h2d(self._in[name], value)
-            ctx.set_tensor_address(name, self._in[name].ptr)
+            self._bind_address(ctx, name, self._in[name].ptr)
         for past, present, buffers, shape in self._kv:
-            ctx.set_input_shape(past, (*shape[:2], slots, *shape[3:]))
+            self._bind_shape(ctx, profile, past, (*shape[:2], slots, *shape[3:]))
             # swap: two distinct buffers (issue 4681); inplace: the one buffer TensorRT's cache update writes into
-            ctx.set_tensor_address(past, buffers[0].ptr)
-            ctx.set_tensor_address(present, buffers[-1].ptr)
+            self._bind_address(ctx, past, buffers[0].ptr)
+            self._bind_address(ctx, present, buffers[-1].ptr)
         out_ptrs = {t.name: (device_out or {}).get(t.name, self._out[t.name].ptr) for t in self.result_specs}
         for t in self.result_specs:
-            ctx.set_tensor_address(t.name, out_ptrs[t.name])
+            self._bind_address(ctx, t.name, out_ptrs[t.name])
         if not ctx.execute_async_v3(_handle(self.stream)):
             raise SpecExportError(f"TensorRT failed to run piece {self.name!r}")
         results = {}
@@ -361,6 +454,19 @@ class TrtPiece:
         for _, _, buffers, _ in self._kv:  # the updated cache is the next call's past (a no-op in place)
             buffers.reverse()
         return results
+
+    # A refused shape or address leaves the previous one bound, and the engine would run on it: stop here.
+    def _bind_shape(self, ctx, profile: str, name: str, shape: tuple[int, ...]) -> None:
+        if not ctx.set_input_shape(name, tuple(shape)):
+            raise SpecExportError(f"the TensorRT engine of piece {self.name!r} refused shape {tuple(shape)} for input"
+                                  f" {name!r} in its {profile!r} profile; the engine does not match the bundle's plan,"
+                                  f" so rebuild the engines with `specexport engines build {self.bundle}`")
+
+    def _bind_address(self, ctx, name: str, ptr: int) -> None:
+        if not ctx.set_tensor_address(name, ptr):
+            raise SpecExportError(f"the TensorRT engine of piece {self.name!r} refused address 0x{ptr:x} for tensor"
+                                  f" {name!r} (no such tensor, or an address it cannot use); rebuild the engines with"
+                                  f" `specexport engines build {self.bundle}`")
 
     def _grow_bucket(self, start: int, n: int) -> int:
         """The call's cache length; when it outgrows the current bucket, every cache is laid out again into
@@ -397,7 +503,8 @@ def open_trt_piece(bundle, name: str, trt=None, cudart=None) -> TrtPiece:
     the engine's TensorRT version / compute capability before deserializing it. ``trt`` and ``cudart``
     default to the real modules (tests pass doubles to check call order only)."""
     # TensorRT first: on a machine without it, that is the one thing to say, whatever the bundle holds
-    trt = trt or import_tensorrt("; to run this bundle here use --backend onnxruntime")
+    hint = "; to run this bundle here use --backend onnxruntime"
+    trt = require_tensorrt_version(trt, hint) if trt is not None else import_tensorrt(hint)
     cudart = cudart or cuda_runtime()
     section = bundle.manifest.tensorrt
     plan = section.plan.get(name)
@@ -414,4 +521,4 @@ def open_trt_piece(bundle, name: str, trt=None, cudart=None) -> TrtPiece:
     if not path.is_file():
         raise SpecExportError(f"{path} is missing; rebuild the engines with `specexport engines build {bundle.root}`")
     return TrtPiece(name, path.read_bytes(), bundle.pieces[name], plan, bundle.max_context, trt, cudart,
-                    trt.__version__, entry.version_compatible)
+                    trt.__version__, entry.version_compatible, bundle=bundle.root)
