@@ -216,3 +216,14 @@ def test_any_manifest_mutation_is_refused_by_name_or_runs(raw_and_paths, bundle,
         session.generate("hash table", max_new_tokens=3, mode="ar")
     except SpecExportError as exc:
         assert "\n" not in str(exc)
+
+
+def test_bench_takes_the_pin_too(bundle, tmp_path):
+    from click.testing import CliRunner
+    from specexport.cli.main import main
+
+    result = CliRunner().invoke(main, ["bench", "--bundle", str(bundle), "--limit", "1", "--baselines", "none",
+                                       "--modes", "ar", "--no-memory", "--out", str(tmp_path / "r"),
+                                       "--expect-digest", "0" * 64])
+    assert result.exit_code == 1 and "not the expected" in result.output
+    assert not (tmp_path / "r").exists()
