@@ -79,7 +79,12 @@ def subject_checks(runner: Runner, subject: str, bundle: Path, paths: dict[str, 
     from ..runtime.manifest import read_manifest
 
     info: dict = {"bundle": str(bundle)}
-    manifest = read_manifest(bundle)
+    manifest = runner.run(f"{subject}/manifest", "the bundle's manifest reads", lambda: read_manifest(bundle))
+    if manifest is None:
+        for backend in (CPU, *backends):
+            runner.skip(f"{subject}/{backend}", f"{subject} on {backend}", "the manifest did not read (above)",
+                        gpu=backend != CPU)
+        return info
     trt_plan = (manifest.get("tensorrt") or {}).get("plan")
     cpu = runner.run(f"{subject}/cpu/load", "open on ONNX Runtime CPU, checksums verified",
                      lambda: open_session(bundle, CPU))
