@@ -79,7 +79,16 @@ def subject_checks(runner: Runner, subject: str, bundle: Path, paths: dict[str, 
     from ..runtime.manifest import read_manifest
 
     info: dict = {"bundle": str(bundle)}
-    manifest = runner.run(f"{subject}/manifest", "the bundle's manifest reads", lambda: read_manifest(bundle))
+    manifest: dict | None = None
+
+    def read() -> dict:
+        nonlocal manifest
+        manifest = read_manifest(bundle)
+        graph, trt = manifest.get("graph", {}), manifest.get("tensorrt") or {}
+        return {"pieces": list(manifest["pieces"]), "flavour": graph.get("flavour"),
+                "precision": graph.get("precision"), "tensorrt_target": (trt.get("target") or {}).get("name")}
+
+    runner.run(f"{subject}/manifest", "the bundle's manifest reads", read)
     if manifest is None:
         for backend in (CPU, *backends):
             runner.skip(f"{subject}/{backend}", f"{subject} on {backend}", "the manifest did not read (above)",

@@ -61,6 +61,25 @@ def test_doctor_without_a_gpu_exits_3_with_the_gpu_checks_skipped(doctor_run):
     assert "**Exit 3:" in md and "| tiny/tensorrt/tree | skipped |" in md
 
 
+def test_doctor_checks_a_tensorrt_bundle_without_a_gpu(doctor_run, tmp_path):
+    """--bundle with a TensorRT plan (the tiny bundle the first run wrote): the operator check runs on the CPU, the
+    engines and the TensorRT modes are skipped, named."""
+    _, first = doctor_run
+    bundle = first / "work" / "tiny-bundle"
+    result = CliRunner().invoke(main, ["doctor", "--no-tiny", "--bundle", str(bundle), "--out", str(tmp_path),
+                                       "--max-new-tokens", "8", "--json"])
+    assert result.exit_code == EXIT_SKIPPED, result.output
+    report = json.loads(result.stdout)
+    by = {c["name"]: c for c in report["checks"]}
+    assert by["bundle/manifest"]["details"]["tensorrt_target"] == "orin-nano"
+    assert by["bundle/cpu/opcheck"]["status"] == checks.PASSED
+    assert by["bundle/cpu/opcheck"]["details"]["ok"] is True
+    assert all(by[f"bundle/cpu/{m}"]["status"] == checks.PASSED for m in checks.MODES)
+    assert by["bundle/tensorrt/engines"]["status"] == checks.SKIPPED
+    assert by["bundle/tensorrt/engines"]["reason"].startswith("no NVIDIA GPU here")
+    assert not list((bundle / "tensorrt").glob("*.engine"))
+
+
 def test_doctor_help_documents_the_exit_codes():
     result = CliRunner().invoke(main, ["doctor", "--help"])
     assert result.exit_code == 0
