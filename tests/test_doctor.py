@@ -263,3 +263,32 @@ def test_no_gpu_skips_rather_than_fails():
                                           ((37, 0, 0), None)])
 def test_l4t_to_jetpack(l4t, jetpack):
     assert probes.jetpack_of(l4t) == jetpack
+
+
+def test_the_gpu_branch_runs_every_mode_when_the_paths_are_open(doctor_run, tmp_path, monkeypatch):
+    """The doctor's flow when TensorRT and ONNX Runtime CUDA can run, with test doubles: SystemDouble says a good
+    desktop GPU is there, the engine build is a double, and a CPU session stands in for each GPU session. This checks
+    the orchestration (engines, then load, then every mode against the CPU's AR tokens; exit 0), NOT a GPU."""
+    _, first = doctor_run
+    bundle = first / "work" / "tiny-bundle"
+    real_open = checks.open_session
+    opened = []
+
+    def cpu_session_standing_in_for_the_gpu(path, backend):
+        opened.append(backend)
+        return real_open(path, checks.CPU)
+
+    monkeypatch.setattr("specexport.doctor.run.open_session", cpu_session_standing_in_for_the_gpu)
+    monkeypatch.setattr("specexport.doctor.run.build_bundle_engines",
+                        lambda path, any_device: {"engines": ["shallow", "deep"], "double": True})
+    desktop = SystemDouble(tegra=None, proc=None, smi="580.65.06, NVIDIA GeForce RTX 4090, 8.9", trt="10.15.1.29",
+                           cuda_python="13.0.1", cuda_runtime=13000, cuda_driver=13000, nvpmodel=None, clocks=None)
+    report = run_doctor(tmp_path, bundle=bundle, tiny=False, max_new_tokens=8, system=desktop)
+    by = {c["name"]: c for c in report["checks"]}
+    assert report["exit_code"] == 0, {n: c["reason"] for n, c in by.items() if c["status"] != "passed"}
+    assert opened == ["cpu", "tensorrt", "ort-cuda"]
+    for backend in ("tensorrt", "ort-cuda"):
+        for mode in checks.MODES:
+            assert by[f"bundle/{backend}/{mode}"]["status"] == checks.PASSED and by[f"bundle/{backend}/{mode}"]["gpu"]
+    assert by["bundle/tensorrt/engines"]["details"]["double"] is True
+    assert report["summary"]["gpu_checks_run"] == 1 + 2 * (1 + len(checks.MODES))
