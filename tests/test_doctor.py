@@ -292,3 +292,25 @@ def test_the_gpu_branch_runs_every_mode_when_the_paths_are_open(doctor_run, tmp_
             assert by[f"bundle/{backend}/{mode}"]["status"] == checks.PASSED and by[f"bundle/{backend}/{mode}"]["gpu"]
     assert by["bundle/tensorrt/engines"]["details"]["double"] is True
     assert report["summary"]["gpu_checks_run"] == 1 + 2 * (1 + len(checks.MODES))
+
+
+class SessionDouble:
+    """Stands in for a Session: every prompt gives the same canned tokens (a test double, not a backend)."""
+
+    def __init__(self, tokens):
+        self.tokens = tokens
+
+    def generate(self, prompt, **options):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(tokens=list(self.tokens), stats=SimpleNamespace(steps=len(self.tokens)))
+
+
+def test_a_gpu_mismatch_says_whether_the_mode_or_the_rounding_parts():
+    cpu_ar, gpu_ar = [[1, 2, 3]], [[1, 2, 4]]
+    with pytest.raises(checks.CheckFailed, match="lossless there"):
+        checks.check_identity(SessionDouble([1, 2, 4]), "self", ["p"], cpu_ar, 3, checks.TENSORRT, backend_ar=gpu_ar)
+    with pytest.raises(checks.CheckFailed, match="broken on TensorRT"):
+        checks.check_identity(SessionDouble([1, 9, 4]), "self", ["p"], cpu_ar, 3, checks.TENSORRT, backend_ar=gpu_ar)
+    assert checks.check_identity(SessionDouble([1, 2, 3]), "tree", ["p"], cpu_ar, 3, checks.TENSORRT,
+                                 backend_ar=cpu_ar)["new_tokens"] == 3
