@@ -14,9 +14,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..runtime.errors import SpecExportError
+
+if TYPE_CHECKING:
+    from ..runtime.decode import Pieces
+    from ..runtime.session import Generation, Session
 
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
 CPU, TENSORRT, ORT_CUDA = "cpu", "tensorrt", "ort-cuda"
@@ -105,7 +109,7 @@ class Runner:
 
 # -- what a bundle can run ---------------------------------------------------------------------------
 
-def mode_blockers(pieces) -> dict[str, str]:
+def mode_blockers(pieces: Pieces) -> dict[str, str]:
     """Modes this session's pieces cannot run -> why (a bundle without an adapter has no `self`, ...)."""
     from ..runtime.tree import trees_supported
 
@@ -123,7 +127,7 @@ def mode_blockers(pieces) -> dict[str, str]:
 
 # -- sessions and decoding -----------------------------------------------------------------------------
 
-def open_session(bundle: Path, backend: str):
+def open_session(bundle: Path, backend: str) -> Session:
     """The bundle on ``backend``: cpu (ONNX Runtime CPU), tensorrt (its engines) or ort-cuda (ONNX Runtime's
     CUDA provider, every piece on the device or one sentence naming the one that is not)."""
     from ..runtime.pearl import pearl_threads
@@ -148,14 +152,14 @@ def open_session(bundle: Path, backend: str):
     raise SpecExportError(f"unknown backend {backend!r}; use one of {', '.join(BACKEND_NAMES)}")
 
 
-def generations(session, mode: str, prompts: Sequence[str], max_new_tokens: int) -> list:
+def generations(session: Session, mode: str, prompts: Sequence[str], max_new_tokens: int) -> list[Generation]:
     """Greedy `Generation`s of ``mode``, one per prompt (the chat template applied, as `specexport generate`
     does)."""
     return [session.generate(p, max_new_tokens=max_new_tokens, temperature=0.0, **MODE_SETTINGS[mode])
             for p in prompts]
 
 
-def decode(session, mode: str, prompts: Sequence[str], max_new_tokens: int) -> list[list[int]]:
+def decode(session: Session, mode: str, prompts: Sequence[str], max_new_tokens: int) -> list[list[int]]:
     """Greedy tokens of ``mode`` for each prompt."""
     return [g.tokens for g in generations(session, mode, prompts, max_new_tokens)]
 
@@ -172,7 +176,7 @@ def first_difference(got: list[list[int]], reference: list[list[int]]) -> str | 
     return None
 
 
-def check_identity(session, mode: str, prompts: Sequence[str], reference: list[list[int]], max_new_tokens: int,
+def check_identity(session: Session, mode: str, prompts: Sequence[str], reference: list[list[int]], max_new_tokens: int,
                    backend: str = CPU, backend_ar: list[list[int]] | None = None) -> dict:
     """Decode ``mode`` and compare it with ``reference`` (the CPU runtime's AR tokens of the same prompts);
     raises CheckFailed with where they part. ``backend_ar``, the backend's own AR tokens, tells a mode that
