@@ -122,8 +122,10 @@ def subject_checks(runner: Runner, subject: str, bundle: Path, paths: dict[str, 
         runner.run(f"{subject}/cpu/opcheck", "every node against the plan's TensorRT operator matrix",
                    lambda: opcheck(bundle, manifest))
     for backend in backends:
-        names = ([f"{subject}/{backend}/engines"] if backend == TENSORRT else []) + [f"{subject}/{backend}/load"]
-        names += [f"{subject}/{backend}/{m}" for m in modes]
+        engines_what = "build (or keep) one TensorRT engine per piece on this GPU"
+        named = ([(f"{subject}/{backend}/engines", engines_what)] if backend == TENSORRT else [])
+        named += [(f"{subject}/{backend}/load", f"open on {backend}")]
+        named += [(f"{subject}/{backend}/{m}", _what(m, backend)) for m in modes]
         path = paths[backend]
         why_not = None
         if backend == TENSORRT and not trt_plan:
@@ -134,15 +136,15 @@ def subject_checks(runner: Runner, subject: str, bundle: Path, paths: dict[str, 
         elif reference is None:
             why_not = "no CPU reference to compare with: the CPU checks of this bundle did not pass"
         if why_not:
-            for name in names:
+            for name, what in named:
                 if path.state == FAIL and why_not == path.reason:
-                    runner.run(name, name.split("/")[-1], lambda w=why_not: _raise(w), gpu=True)
+                    runner.run(name, what, lambda w=why_not: _raise(w), gpu=True)
                 else:
-                    runner.skip(name, name.split("/")[-1], why_not, gpu=True)
+                    runner.skip(name, what, why_not, gpu=True)
             continue
         if backend == TENSORRT:
-            runner.run(names[0], "build (or keep) one TensorRT engine per piece on this GPU",
-                       lambda: build_bundle_engines(bundle, any_device=any_device), gpu=True)
+            runner.run(named[0][0], engines_what, lambda: build_bundle_engines(bundle, any_device=any_device),
+                       gpu=True)
         session = runner.run(f"{subject}/{backend}/load", f"open on {backend}",
                              lambda b=backend: open_session(bundle, b), gpu=True)
         backend_ar = None  # this backend's own AR tokens, once its ar check ran ("ar" comes first in MODES)

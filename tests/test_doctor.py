@@ -314,3 +314,20 @@ def test_a_gpu_mismatch_says_whether_the_mode_or_the_rounding_parts():
         checks.check_identity(SessionDouble([1, 9, 4]), "self", ["p"], cpu_ar, 3, checks.TENSORRT, backend_ar=gpu_ar)
     assert checks.check_identity(SessionDouble([1, 2, 3]), "tree", ["p"], cpu_ar, 3, checks.TENSORRT,
                                  backend_ar=cpu_ar)["new_tokens"] == 3
+
+
+def test_on_a_gpu_a_version_problem_fails_the_gpu_checks_with_its_sentence(doctor_run, tmp_path):
+    """SystemDouble: a Jetson on JetPack 6.0 with TensorRT 8.6. There is a GPU, so the TensorRT checks fail (exit 1)
+    with the refusal, rather than being skipped; nothing touches a GPU."""
+    _, first = doctor_run
+    jetpack_60 = SystemDouble(tegra=JETPACK_60, trt="8.6.2.3")
+    report = run_doctor(tmp_path, bundle=first / "work" / "tiny-bundle", tiny=False, backends=["tensorrt"],
+                        max_new_tokens=4, system=jetpack_60)
+    by = {c["name"]: c for c in report["checks"]}
+    assert report["exit_code"] == EXIT_FAILED
+    assert by["bundle/cpu/self"]["status"] == checks.PASSED
+    for name in ("bundle/tensorrt/engines", "bundle/tensorrt/load", "bundle/tensorrt/pearl"):
+        assert by[name]["status"] == checks.FAILED
+        assert by[name]["reason"].startswith("jetpack too old: JetPack 6.0 (L4T 36.3.0) ships TensorRT 8.x")
+    md = (tmp_path / "doctor.md").read_text()
+    assert "**tensorrt** (too old): TensorRT 8.6.2.3 (JetPack 6.0) is refused" in md
