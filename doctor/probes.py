@@ -134,8 +134,9 @@ def _cuda_text(v: int | None) -> str | None:
 
 def probe_driver(system: System) -> Probe:
     smi = system.run(["nvidia-smi", "--query-gpu=driver_version,name,compute_cap", "--format=csv,noheader"])
-    if smi is not None and smi[0] == 0 and smi[1]:
-        first = [p.strip() for p in smi[1].splitlines()[0].split(",")]
+    first = [p.strip() for p in smi[1].splitlines()[0].split(",")] if smi is not None and smi[0] == 0 and smi[1] else []
+    # Jetson's nvidia-smi may answer N/A for these fields: then /proc has the driver's version
+    if first and re.fullmatch(r"\d+(\.\d+)+", first[0]):
         version, details = first[0], {"source": "nvidia-smi", "gpu": first[1] if len(first) > 1 else None,
                                       "compute_capability": first[2] if len(first) > 2 else None}
         return Probe("driver", version, OK, f"NVIDIA driver {version} ({details['gpu']})", details)
@@ -146,7 +147,8 @@ def probe_driver(system: System) -> Probe:
             return Probe("driver", m.group(1), OK, f"NVIDIA driver {m.group(1)} (/proc/driver/nvidia/version)",
                          {"source": "/proc/driver/nvidia/version"})
     why = ("no NVIDIA driver found (no nvidia-smi, no /proc/driver/nvidia/version), so no GPU check can run here"
-           if smi is None else f"nvidia-smi found no GPU ({(smi[1] or 'exit ' + str(smi[0])).splitlines()[0]})")
+           if smi is None else f"nvidia-smi found no GPU ({(smi[1] or 'exit ' + str(smi[0])).splitlines()[0]})"
+           " and there is no /proc/driver/nvidia/version")
     return Probe("driver", None, MISSING, why)
 
 

@@ -185,7 +185,7 @@ def verdicts(system) -> dict[str, probes.Probe]:
 
 
 def test_a_well_set_up_jetpack_6_machine_is_ok():
-    got = verdicts(SystemDouble())
+    got = verdicts(SystemDouble(smi="[N/A], Orin (nvgpu), [N/A]"))  # Jetson's nvidia-smi: the driver is in /proc
     assert {n: p.verdict for n, p in got.items()} == dict.fromkeys(got, probes.OK)
     assert got["jetpack"].version == "6.2" and got["driver"].version == "540.4.0"
     assert got["cuda"].version == "12.6"
