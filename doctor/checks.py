@@ -9,6 +9,7 @@ it checks the GPU path against the CPU, mode by mode. The functions here are wha
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -221,25 +222,26 @@ def device_target(path: Path, trt_version: str, compute_capability: str, context
     return path
 
 
-def engines_ready(bundle: Path) -> dict | None:
-    """The bundle's engine entries when every planned piece has one built by this TensorRT on this GPU, else
-    None (then `build_engines` has work to do)."""
+def engines_ready(bundle: Path) -> list[str] | None:
+    """The pieces whose engines this TensorRT built on this GPU when every planned piece has one, else None
+    (then `build_engines` has work to do)."""
     from ..runtime.backends.tensorrt import check_engine_compat, cuda_runtime, device_info, import_tensorrt
-    from ..runtime.manifest import read_manifest
+    from ..runtime.bundle import read_manifest
 
-    section = read_manifest(bundle).get("tensorrt") or {}
-    engines = {e["piece"]: e for e in section.get("engines", [])}
-    if not section.get("plan") or set(engines) != set(section["plan"]):
+    section = read_manifest(bundle).tensorrt
+    engines = {e.piece: e for e in section.engines}
+    if not section.plan or set(engines) != set(section.plan):
         return None
     trt, device = import_tensorrt(), device_info(cuda_runtime())
     try:
         for entry in engines.values():
-            check_engine_compat(entry, trt.__version__, device["compute_capability"], bundle=bundle)
-            if not (Path(bundle) / entry["file"]).is_file():
+            check_engine_compat(dataclasses.asdict(entry), trt.__version__, device["compute_capability"],
+                                bundle=bundle)
+            if not (Path(bundle) / entry.file).is_file():
                 return None
     except SpecExportError:
         return None
-    return engines
+    return sorted(engines)
 
 
 def build_bundle_engines(bundle: Path, any_device: bool = False) -> dict:
@@ -248,9 +250,8 @@ def build_bundle_engines(bundle: Path, any_device: bool = False) -> dict:
 
     kept = engines_ready(bundle)
     if kept is not None:
-        return {"engines": sorted(kept), "built": False, "note": "engines built earlier by this TensorRT on this GPU"}
-    manifest = build_engines(bundle, any_device=any_device, log=lambda m: None)
-    engines = manifest["tensorrt"]["engines"]
-    return {"engines": [e["piece"] for e in engines], "built": True,
-            "tensorrt_version": engines[0]["tensorrt_version"] if engines else None,
-            "sizes_mb": {e["piece"]: round(e["size_bytes"] / 1e6, 2) for e in engines}}
+        return {"engines": kept, "built": False, "note": "engines built earlier by this TensorRT on this GPU"}
+    engines = build_engines(bundle, any_device=any_device, log=lambda m: None).tensorrt.engines
+    return {"engines": [e.piece for e in engines], "built": True,
+            "tensorrt_version": engines[0].tensorrt_version if engines else None,
+            "sizes_mb": {e.piece: round(e.size_bytes / 1e6, 2) for e in engines}}

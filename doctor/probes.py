@@ -22,7 +22,8 @@ BAD = (MISSING, TOO_OLD, INCOMPATIBLE)
 TENSORRT_MIN = (10, 3)  # JetPack 6.1's; 8.6 (JetPack 6.0) lacks strongly typed networks and the v3 API
 CUDA_PYTHON_MIN = (12, 9, 2)  # 12.9.1 releases the GIL in stream syncs, 12.9.2 sets up its symbols thread-safely
 CUDA13_DRIVER_MIN = 580  # cuda-python 13 (CUDA 13) needs this driver; JetPack 6 ships 540
-CUDA_PYTHON_PIN = {6: "cuda-python>=12.9.2,<13", 7: "cuda-python>=13,<14"}
+# what the tensorrt and jetson-jp6 / jetson-jp7 extras pin (pyproject.toml)
+CUDA_PYTHON_PIN = {6: "cuda-python>=12.9.2,<13", 7: "cuda-python>=13.0.1,<14"}
 
 # L4T (Jetson Linux) release -> JetPack: (major, minor, first revision) -> JetPack, newest first per line
 L4T_JETPACK = [

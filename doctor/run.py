@@ -9,6 +9,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..runtime.errors import SpecExportError
 from .checks import (
@@ -31,6 +32,9 @@ from .checks import (
 )
 from .probes import BAD, NA, OK, Probe, System, probe_all
 from .report import build_report, write_report
+
+if TYPE_CHECKING:
+    from ..runtime.manifest import Manifest
 
 GPU_BACKENDS = (TENSORRT, ORT_CUDA)
 TINY_CONTEXT = 256
@@ -77,17 +81,17 @@ def subject_checks(runner: Runner, subject: str, bundle: Path, paths: dict[str, 
                    backends: Sequence[str], prompts: Sequence[str], max_new_tokens: int, any_device: bool) -> dict:
     """Every check of one bundle: the CPU reference and modes, the TensorRT operator check when it has a plan,
     then per GPU backend its engines (TensorRT) and every mode against the CPU reference."""
-    from ..runtime.manifest import read_manifest
+    from ..runtime.bundle import read_manifest
 
     info: dict = {"bundle": str(bundle)}
-    manifest: dict | None = None
+    manifest: Manifest | None = None
 
     def read() -> dict:
         nonlocal manifest
         manifest = read_manifest(bundle)
-        graph, trt = manifest.get("graph", {}), manifest.get("tensorrt") or {}
-        return {"pieces": list(manifest["pieces"]), "flavour": graph.get("flavour"),
-                "precision": graph.get("precision"), "tensorrt_target": (trt.get("target") or {}).get("name")}
+        return {"schema_version": manifest.schema_version, "pieces": list(manifest.pieces),
+                "flavour": manifest.graph.flavour, "precision": manifest.graph.precision,
+                "tensorrt_target": (manifest.tensorrt.target or {}).get("name")}
 
     runner.run(f"{subject}/manifest", "the bundle's manifest reads", read)
     if manifest is None:
@@ -95,7 +99,7 @@ def subject_checks(runner: Runner, subject: str, bundle: Path, paths: dict[str, 
             runner.skip(f"{subject}/{backend}", f"{subject} on {backend}", "the manifest did not read (above)",
                         gpu=backend != CPU)
         return info
-    trt_plan = (manifest.get("tensorrt") or {}).get("plan")
+    trt_plan = manifest.tensorrt.plan
     cpu = runner.run(f"{subject}/cpu/load", "open on ONNX Runtime CPU, checksums verified",
                      lambda: open_session(bundle, CPU))
     modes = list(MODES)
@@ -129,7 +133,7 @@ def subject_checks(runner: Runner, subject: str, bundle: Path, paths: dict[str, 
         path = paths[backend]
         why_not = None
         if backend == TENSORRT and not trt_plan:
-            why_not = (f"bundle {bundle} has no TensorRT plan (its pieces are the {manifest['graph'].get('flavour')}"
+            why_not = (f"bundle {bundle} has no TensorRT plan (its pieces are the {manifest.graph.flavour}"
                        " flavour); make one with `specexport build --backend tensorrt --target NAME --plan-only`")
         elif path.state != RUN:
             why_not = path.reason
@@ -166,18 +170,18 @@ def _raise(message: str) -> None:
     raise CheckFailed(message)
 
 
-def opcheck(bundle: Path, manifest: dict) -> dict:
+def opcheck(bundle: Path, manifest: Manifest) -> dict:
     try:
         from ..exporter.tensorrt.opcheck import check_pieces
         from ..exporter.tensorrt.targets import load_target
     except ImportError as exc:
         raise Skip(f"the operator check needs onnx ({exc.name} is missing): pip install onnx") from None
-    name = manifest["tensorrt"]["target"]["name"]
+    name = (manifest.tensorrt.target or {}).get("name")
     try:
         target = load_target(name)
     except SpecExportError as exc:
         raise Skip(f"the plan's target {name!r} is not one doctor knows ({exc})") from None
-    report = check_pieces(bundle, manifest["pieces"], target)
+    report = check_pieces(bundle, manifest.pieces, target)
     report.raise_if_failed()
     return {"target": name, **report.summary()}
 

@@ -214,7 +214,7 @@ def test_cuda_python_before_12_9_2_is_too_old_and_12_on_jetpack_7_incompatible()
     assert verdicts(SystemDouble(cuda_python="12.6.0"))["cuda-python"].verdict == probes.TOO_OLD
     got = verdicts(SystemDouble(tegra=JETPACK_70, proc=PROC_540.replace("540.4.0", "580.00")))
     assert got["jetpack"].version == "7.0"
-    assert got["cuda-python"].verdict == probes.INCOMPATIBLE and "cuda-python>=13,<14" in got["cuda-python"].why
+    assert got["cuda-python"].verdict == probes.INCOMPATIBLE and "cuda-python>=13.0.1,<14" in got["cuda-python"].why
 
 
 def test_cuda_python_13_with_driver_580_on_a_desktop_is_ok():

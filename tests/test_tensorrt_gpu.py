@@ -124,8 +124,7 @@ def test_gpu_build_command(gpu, tmp_path, tiny_checkpoint):
                                        _device_target(tmp_path, trt, device), "--out", str(out), "--context",
                                        str(CONTEXT), "--adapter", "none"])
     assert result.exit_code == 0, result.output
-    manifest = load_bundle(out).manifest
-    assert [e["piece"] for e in manifest["tensorrt"]["engines"]] == ["shallow", "deep"]
+    assert [e.piece for e in load_bundle(out).manifest.tensorrt.engines] == ["shallow", "deep"]
     tokens = load(out, backend="tensorrt").generate_ids([1, 5, 9, 12], max_new_tokens=8, chat=False, mode="ar").tokens
     assert 0 < len(tokens) <= 8
 
