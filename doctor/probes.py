@@ -224,8 +224,9 @@ def probe_tensorrt(system: System) -> Probe:
     key = version_key(version)
     if key[:2] == (8, 6):
         return Probe("tensorrt", version, TOO_OLD, f"TensorRT {version} (JetPack 6.0) is refused: specexport builds"
-                     " strongly typed networks and runs them with the v3 API (execute_async_v3, named tensors),"
-                     " which need TensorRT 10.3 or later: upgrade to JetPack 6.1 or later")
+                     " strongly typed networks and gives the execution contexts memory it owns"
+                     " (STRONGLY_TYPED, ExecutionContextAllocationStrategy), which 8.6 does not have; it needs"
+                     " TensorRT 10.3 or later: upgrade to JetPack 6.1 or later")
     if key[:2] < TENSORRT_MIN:
         return Probe("tensorrt", version, TOO_OLD, f"TensorRT {version} is older than 10.3, the oldest specexport"
                      " builds for (JetPack 6.1)")
