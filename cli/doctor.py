@@ -58,6 +58,10 @@ def doctor(out, bundle, no_tiny, backends, max_new_tokens, prompts, as_json) -> 
              " `specexport build`", EXIT_USAGE)
     if no_tiny and bundle is None:
         fail("--no-tiny without --bundle leaves nothing to check; give --bundle or drop --no-tiny", EXIT_USAGE)
+    try:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        fail(f"--out {out} cannot be made ({exc.strerror or exc}); give a directory you can write", EXIT_USAGE)
     from tqdm import tqdm
 
     bar = tqdm(desc="doctor", unit="check", file=sys.stderr, disable=None)

@@ -91,9 +91,10 @@ def test_doctor_help_documents_the_exit_codes():
     (["--bundle", "."], "is not a bundle"),
     (["--no-tiny"], "leaves nothing to check"),
     (["--max-new-tokens", "0"], "0 is not in the range"),
+    (["--out", "/proc/doctor"], "cannot be made"),
 ])
 def test_doctor_usage_errors_exit_2(args, sentence, tmp_path):
-    result = CliRunner().invoke(main, ["doctor", "--out", str(tmp_path), *args])
+    result = CliRunner().invoke(main, ["doctor", "--out", str(tmp_path / "out"), *args])
     assert result.exit_code == 2
     assert sentence in result.output and "Traceback" not in result.output
 
