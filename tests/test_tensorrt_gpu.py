@@ -1,6 +1,7 @@
 """The TensorRT path for real: build engines from a tiny fp16 bundle and check them against PyTorch.
 These need TensorRT's Python bindings and an NVIDIA GPU; everywhere else they skip, saying why
-(`pytest -rs` prints the reason). Nothing in this file has been run on a GPU yet."""
+(`pytest -rs` prints the reason). Nothing in this file has been run on a GPU yet. The token-identity checks
+are `specexport doctor`'s own (specexport.doctor.checks), so this file and the command check the same thing."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import shutil
 import numpy as np
 import pytest
 from specexport.exporter.parity import TOLERANCE, relative_error
-from specexport.exporter.tensorrt.targets import ops_matrix
 from specexport.runtime.errors import SpecExportError
 
 from .test_tensorrt_fp16 import CONTEXT, STEPS, make_tiny_bundle, torch_reference
@@ -30,15 +30,10 @@ def gpu():
 
 
 def _device_target(tmp_path, trt, device) -> str:
-    """A target for this very device: its compute capability, the newest recorded matrix not newer than
-    its TensorRT."""
-    have = tuple(int(p) for p in trt.__version__.split(".")[:2])
-    known = sorted((tuple(int(p) for p in v.split(".")), v) for v in ops_matrix()["versions"])
-    matrix = next((v for k, v in reversed(known) if k <= have), known[0][1])
-    path = tmp_path / "this-gpu.toml"
-    path.write_text(f'name = "this-gpu"\n[tensorrt]\nversion = "{matrix}"\ncompute_capability ='
-                    f' "{device["compute_capability"]}"\n[build]\nmax_context = {CONTEXT}\nworkspace_mib = 1024\n')
-    return str(path)
+    """A target for this very device (the one `specexport doctor` plans its tiny model for)."""
+    from specexport.doctor.checks import device_target
+
+    return str(device_target(tmp_path / "this-gpu.toml", trt.__version__, device["compute_capability"], CONTEXT))
 
 
 @pytest.fixture(scope="module", params=["swap", "inplace"])
@@ -129,7 +124,38 @@ def test_gpu_build_command(gpu, tmp_path, tiny_checkpoint):
                                        _device_target(tmp_path, trt, device), "--out", str(out), "--context",
                                        str(CONTEXT), "--adapter", "none"])
     assert result.exit_code == 0, result.output
-    manifest = load_bundle(out).manifest
-    assert [e["piece"] for e in manifest["tensorrt"]["engines"]] == ["shallow", "deep"]
+    assert [e.piece for e in load_bundle(out).manifest.tensorrt.engines] == ["shallow", "deep"]
     tokens = load(out, backend="tensorrt").generate_ids([1, 5, 9, 12], max_new_tokens=8, chat=False, mode="ar").tokens
     assert 0 < len(tokens) <= 8
+
+
+def test_gpu_modes_give_the_cpu_runtimes_tokens(built):
+    """doctor's identity check, mode by mode: TensorRT's greedy tokens are ONNX Runtime CPU's AR tokens of the same
+    fp16 pieces (check_identity raises, naming where they part)."""
+    from specexport.doctor.checks import (
+        CPU,
+        MODES,
+        PROMPTS,
+        TENSORRT,
+        check_identity,
+        decode,
+        mode_blockers,
+        open_session,
+    )
+
+    reference = decode(open_session(built, CPU), "ar", PROMPTS, 16)
+    session = open_session(built, TENSORRT)
+    modes = [m for m in MODES if m not in mode_blockers(session.pieces)]
+    assert {"ar", "self", "lookup", "pearl"} <= set(modes)
+    for mode in modes:
+        check_identity(session, mode, PROMPTS, reference, 16, TENSORRT)
+
+
+def test_gpu_doctor_passes_on_tensorrt(gpu, tmp_path):
+    """`specexport doctor --backend tensorrt` end to end: the tiny model's engines and every mode on TensorRT."""
+    from specexport.doctor.run import run_doctor
+
+    report = run_doctor(tmp_path, backends=["tensorrt"])
+    failed = {c["name"]: c["reason"] for c in report["checks"] if c["status"] != "passed"}
+    assert report["exit_code"] == 0, failed
+    assert report["summary"]["gpu_checks_run"] >= 8

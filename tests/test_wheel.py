@@ -25,6 +25,7 @@ PACKAGES = {
     "exporter/tensorrt": "specexport/exporter/tensorrt",
     "exporter/training": "specexport/exporter/training",
     "bench": "specexport/bench",
+    "doctor": "specexport/doctor",
     "cli": "specexport/cli",
     "recipes": "specexport/recipes",
 }

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Export the default bundle with a TensorRT plan on this host, copy it to a Jetson, build the engines
-# there and generate. NOT YET RUN ON A DEVICE (see README.md: nothing of the TensorRT path has run on a GPU).
+# there with `specexport doctor` (which also checks every mode against the CPU runtime's tokens), bring its
+# report back to ./doctor-TARGET/, and generate. NOT YET RUN ON A DEVICE (see README.md: nothing of the TensorRT
+# path has run on a GPU).
 #
 #   samples/jetson/build_and_run.sh user@jetson [target]     # target: orin-nano (default), agx-orin, thor
 #   samples/jetson/build_and_run.sh local [target]           # everything on this machine (run it on the Jetson;
@@ -25,11 +27,16 @@ specexport check "$BUNDLE" --target "$TARGET" > /dev/null
 # quoted for the shell that runs the device steps (the prompt may hold quotes)
 Q_BUNDLE=$(printf '%q' "$BUNDLE")
 Q_PROMPT=$(printf '%q' "$PROMPT")
+DOCTOR="doctor-${TARGET}"
+Q_DOCTOR=$(printf '%q' "$DOCTOR")
 device_steps="
 set -euo pipefail
 if [ -f $VENV/bin/activate ]; then . $VENV/bin/activate; fi
 python3 -c 'import tensorrt' || { echo 'TensorRT Python bindings missing: sudo apt install python3-libnvinfer' >&2; exit 1; }
-specexport engines build $Q_BUNDLE
+# versions and verdicts, the bundle's engines (built here), every mode on TensorRT against the CPU runtime's
+# tokens; exit 3 only says that checks were skipped (the tiny model without torch on the device, for one)
+rc=0; specexport doctor --bundle $Q_BUNDLE --backend tensorrt --out $Q_DOCTOR || rc=\$?
+if [ \$rc -ne 0 ] && [ \$rc -ne 3 ]; then cat $Q_DOCTOR/doctor.md >&2; exit \$rc; fi
 specexport generate --bundle $Q_BUNDLE --backend tensorrt --stats $Q_PROMPT
 "
 
@@ -39,6 +46,10 @@ else
     # 2. copy the bundle (ONNX pieces, manifest, scripts); engines are built on the device only
     ssh "$DEVICE" "mkdir -p '$REMOTE_DIR/bundles'"
     rsync -a --delete --exclude '*.engine' "$BUNDLE/" "$DEVICE:$REMOTE_DIR/$BUNDLE/"
-    # 3. build the engines on the device and run
-    ssh "$DEVICE" "cd '$REMOTE_DIR' && bash -s" <<< "$device_steps"
+    # 3. on the device: the doctor (it builds the engines), then generate
+    ssh "$DEVICE" "cd '$REMOTE_DIR' && bash -s" <<< "$device_steps" || rc=$?
+    # the doctor's report comes back either way: it is the record of what ran on the device
+    mkdir -p "$DOCTOR"
+    rsync -a "$DEVICE:$REMOTE_DIR/$DOCTOR/doctor.json" "$DEVICE:$REMOTE_DIR/$DOCTOR/doctor.md" "$DOCTOR/" || true
+    exit "${rc:-0}"
 fi

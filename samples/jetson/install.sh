@@ -65,4 +65,5 @@ Before timing anything, set the highest power mode and pin the clocks:
     sudo nvpmodel -m <MAXN mode>       # MAXN (MAXN SUPER on an Orin Nano with JetPack 6.2)
     sudo jetson_clocks
 `specexport bench` records `nvpmodel -q` and `jetson_clocks --show` with its results.
+Then check the device before anything else: specexport doctor --backend tensorrt (versions, engines, every mode).
 EOF
