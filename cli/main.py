@@ -315,9 +315,10 @@ def inspect(bundle, as_json) -> None:
 
 def _register_subcommands() -> None:
     # each module defines its commands lazily-importing what they need, so `--help` stays fast
-    from . import bench, tensorrt
+    from . import bench, serve, tensorrt
 
     bench.register(main)
+    serve.register(main)
     tensorrt.register(main)
 
 
