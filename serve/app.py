@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -50,7 +51,8 @@ def create_app(session: Session, model_name: str | None = None, max_body_bytes: 
 
     async def generate(request: Request, kind: str) -> Response:
         body = await read_json(request, max_body_bytes)
-        req = parse(kind, body, session, model)
+        # tokenizing a long prompt (or rendering a template) would stall every other connection on the loop
+        req = await run_in_threadpool(parse, kind, body, session, model)
         run = worker.submit(req)
         watch = DisconnectWatch(request, run)
         reply = Reply(kind, model.name, len(req.prompt_ids), req.return_token_ids)
