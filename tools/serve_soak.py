@@ -17,6 +17,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -55,6 +56,7 @@ def start_server(bundle: str, threads: int | None) -> tuple[subprocess.Popen, st
     proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
     for line in proc.stderr:
         if " on http://" in line:
+            threading.Thread(target=proc.stderr.read, daemon=True).start()  # its log must not fill the pipe
             return proc, line.split(" on ")[1].split()[0].removesuffix("/v1")
     raise SystemExit(f"the server did not start (exit {proc.wait()})")
 
