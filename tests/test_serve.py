@@ -405,6 +405,54 @@ def test_queued_requests_wait_their_turn_in_order(slow_server, session):
         assert results[i] == session.generate(f"{PROMPT} {i}", max_new_tokens=10, chat=False).text
 
 
+class Flaky:
+    """Makes `deep` raise on its `fail_at`-th call from now (a device error, say), once."""
+
+    def __init__(self, session, fail_at: int) -> None:
+        self.calls = 0
+        self.fail_at = fail_at
+        deep = session.pieces.deep
+        run = deep.run
+
+        def flaky_run(*args, **kwargs):
+            self.calls += 1
+            if self.calls == self.fail_at:
+                raise RuntimeError("the device went away")
+            return run(*args, **kwargs)
+
+        deep.run = flaky_run
+
+
+@pytest.fixture()
+def flaky_server(bundle):
+    from specexport.runtime import load
+    from specexport.serve import create_app
+
+    session = load(bundle)
+    srv = ThreadServer(create_app(session))
+    yield srv, session
+    srv.stop()
+
+
+def test_a_generation_that_breaks_is_a_500_and_the_next_one_runs(flaky_server):
+    server, session = flaky_server
+    Flaky(session, fail_at=5)  # past the prefill: the response has begun
+    response = _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 20})
+    assert_error(response, 500, None, "generation_failed", "the device went away")
+    Flaky(session, fail_at=5)
+    with httpx.stream("POST", f"{server.url}/v1/completions", timeout=60,
+                      json={"prompt": PROMPT, "max_tokens": 20, "stream": True}) as streamed:
+        assert streamed.status_code == 200  # sent with the first chunk, before the failure
+        events = [line[6:] for line in streamed.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and "the device went away" in json.loads(events[-2])["error"]["message"]
+    assert len(events) > 2  # text came before the error
+    # the Session was given back: the next request gets the full, right answer
+    reply = _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 20, "specexport": {"mode": "ar"}})
+    assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 20
+    health = server.health()
+    assert (health["failed"], health["completed"], health["running"]) == (2, 1, 0)
+
+
 SLOW_SERVER = """
 import sys, time
 from specexport.runtime import load
