@@ -26,6 +26,7 @@ PACKAGES = {
     "exporter/training": "specexport/exporter/training",
     "bench": "specexport/bench",
     "cli": "specexport/cli",
+    "serve": "specexport/serve",
     "recipes": "specexport/recipes",
 }
 # pyproject.toml's [tool.setuptools.package-data] for specexport.recipes
