@@ -4,6 +4,7 @@ server-sent-events response that streams a run's chunks."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
-from .errors import APIError
+from .errors import APIError, error_body
 from .worker import Run
 
 
@@ -76,6 +77,14 @@ class EventStream:
             async for chunk in self._chunks:
                 await send({"type": "http.response.body", "body": sse(chunk), "more_body": True})
             await send({"type": "http.response.body", "body": DONE, "more_body": False})
+        except asyncio.CancelledError:
+            # the server's shutdown timeout ran out: say so, so the client knows the text is cut short
+            with contextlib.suppress(Exception):
+                message = "the server shut down before this response was finished; send the request again"
+                await send({"type": "http.response.body", "more_body": True,
+                            "body": sse(error_body(503, message, None, "shutting_down"))})
+                await send({"type": "http.response.body", "body": DONE, "more_body": False})
+            raise
         finally:
             self._run.cancel()
             self._watch.stop()

@@ -514,7 +514,9 @@ def test_sigterm_cancels_what_outlasts_the_timeout_and_exits_0(bundle):
     proc, url = _start([sys.executable, "-c", SLOW_SERVER, str(bundle), "0.05", "1"])
     try:
         events, took = _sigterm_mid_stream(proc, url, 200)  # 200 tokens would take 10 s
-        assert events[-1] != "data: [DONE]" and len(events) < 100
+        assert events[-1] == "data: [DONE]" and len(events) < 100
+        error = json.loads(events[-2][6:])["error"]
+        assert error["code"] == "shutting_down" and error["type"] == "server_error"
         assert proc.returncode == 0, proc.stderr.read()
         assert took < 6, f"{took:.1f} s from SIGTERM to exit with a 1 s shutdown timeout"
     finally:
