@@ -49,7 +49,7 @@ def create_app(session: Session, model_name: str | None = None, max_body_bytes: 
                            "model_not_found")
         return JSONResponse(model_card())
 
-    async def generate(request: Request, kind: str) -> Response:
+    async def generate(request: Request, kind: str) -> Response | EventStream:
         body = await read_json(request, max_body_bytes)
         # tokenizing a long prompt (or rendering a template) would stall every other connection on the loop
         req = await run_in_threadpool(parse, kind, body, session, model)
@@ -77,10 +77,10 @@ def create_app(session: Session, model_name: str | None = None, max_body_bytes: 
                 run.cancel()  # no-op once finished; ends it when this handler is cancelled or raised
                 watch.stop()
 
-    async def chat(request: Request) -> Response:
+    async def chat(request: Request) -> Response | EventStream:
         return await generate(request, "chat")
 
-    async def completions(request: Request) -> Response:
+    async def completions(request: Request) -> Response | EventStream:
         return await generate(request, "completion")
 
     @asynccontextmanager
