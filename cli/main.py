@@ -317,10 +317,11 @@ def inspect(bundle, as_json) -> None:
 
 def _register_subcommands() -> None:
     # each module defines its commands lazily-importing what they need, so `--help` stays fast
-    from . import bench, doctor, tensorrt
+    from . import bench, doctor, serve, tensorrt
 
     bench.register(main)
     doctor.register(main)
+    serve.register(main)
     tensorrt.register(main)
 
 

@@ -27,6 +27,7 @@ PACKAGES = {
     "bench": "specexport/bench",
     "doctor": "specexport/doctor",
     "cli": "specexport/cli",
+    "serve": "specexport/serve",
     "recipes": "specexport/recipes",
 }
 # pyproject.toml's [tool.setuptools.package-data] for specexport.recipes
