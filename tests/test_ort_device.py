@@ -196,14 +196,27 @@ GPU_PROVIDERS = ["CUDAExecutionProvider", "CPUExecutionProvider"]
 # -- a bundle with every piece: shallow, deep, an (untrained) adapter and a noisy drafter ---------------------
 
 @pytest.fixture(scope="module")
-def full_bundle(tiny_checkpoint, tmp_path_factory) -> Path:
+def bundles(tiny_checkpoint, tmp_path_factory):
+    """build(flavour) -> a bundle with every piece, memoised."""
     from specexport.exporter.build import build_bundle
 
     drafter = make_noisy_drafter(tiny_checkpoint, tmp_path_factory.mktemp("noisy-drafter"))
-    out = tmp_path_factory.mktemp("ort-device") / "bundle"
-    build_bundle(out, model=str(tiny_checkpoint), drafter=str(drafter), adapter="untrained", exit_layer=2,
-                 context=256, flavour="ort")
-    return out
+    built: dict[str, Path] = {}
+
+    def build(flavour: str) -> Path:
+        if flavour not in built:
+            out = tmp_path_factory.mktemp("ort-device") / flavour
+            build_bundle(out, model=str(tiny_checkpoint), drafter=str(drafter), adapter="untrained", exit_layer=2,
+                         context=256, flavour=flavour)
+            built[flavour] = out
+        return built[flavour]
+
+    return build
+
+
+@pytest.fixture(scope="module")
+def full_bundle(bundles) -> Path:
+    return bundles("ort")
 
 
 @pytest.fixture(scope="module")
@@ -301,6 +314,23 @@ def test_per_call_traffic_on_the_cuda_provider(full_bundle, cpu_session, monkeyp
 def is_mask(run: Run) -> bool:
     """Whether the run's attention_bias was a tree mask (an uploaded value), not a view of the zero buffer."""
     return not isinstance(run.inputs["attention_bias"][3], int)
+
+
+@pytest.mark.parametrize("name", ["ar", "self", "tree"])
+def test_the_standard_flavour_swaps_device_caches_and_keeps_states_there(bundles, monkeypatch, name):
+    """The standard (TensorRT-ready) graphs: two device buffers per cache, swapped per call, and a bias as wide as
+    the context; the same invariants as the `ort` flavour's."""
+    bundle, opts = bundles("standard"), MODES[name]
+    expected = load(bundle, threads=1).generate(PROMPT, max_new_tokens=NEW, **opts).tokens
+    fake = FakeCudaOrt(monkeypatch)
+    gpu = load(bundle, providers=GPU_PROVIDERS, threads=1)
+    assert gpu.pieces.deep.kv_mode == "swap"
+    gpu.generate(PROMPT, max_new_tokens=NEW, **opts)  # warms the zero buffers up
+    fake.reset()
+    assert gpu.generate(PROMPT, max_new_tokens=NEW, **opts).tokens == expected
+    totals = check_traffic(fake, vocab_sizes(gpu))
+    assert all(r.inputs["attention_bias"][2][-1] == 256 for r in fake.runs)  # the cache's full width
+    assert (totals["uploads"] > 0) == (name == "tree")
 
 
 def test_the_tensorrt_execution_provider_takes_the_same_device_path(full_bundle, cpu_session, monkeypatch):
