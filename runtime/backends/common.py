@@ -39,6 +39,7 @@ class Piece(Protocol):
     def run(self, x: np.ndarray, start: int, keep: int = 1, tree: TreeMask | None = None) -> dict[str, np.ndarray]:
         """Run on ``x`` ([1, n] token ids or [1, n, hidden] states) at positions [start, start+n);
         ``keep`` is how many trailing positions need logits. Returns the piece's non-cache outputs.
+        On a GPU provider the states a piece makes or reads may be `DeviceStates` instead of arrays.
         With ``tree`` the n tokens belong to a token tree: they still take cache slots [start, start+n),
         but their positions and what they attend to come from the tree."""
         ...

@@ -9,11 +9,12 @@ a test double (tests/test_ort_device.py), which checks the calls and where each 
   binds its `hidden` output at the rows of the call's slots, and returns a `DeviceStates` (common.py) naming
   those rows; `deep` and the adapter bind their `hidden_in` at the rows' address. No copy, in either direction.
 - Attention bias: a chain's bias is all zeros, so it is bound as a view of one zero buffer per dtype, uploaded
-  once and grown when a call needs more, up to ZEROS_MAX_BYTES (a prefill past that uploads its own zeros). A tree's bias is built on the host and uploaded once per distinct
-  mask: `shallow` and `deep` of a verify step bind the same upload. Its width follows the call's position
-  (the zeros before the tree's root grow with it), so a repeated tree shape at a new position is a new upload
-  of n x width elements; the ONNX Runtime Python API has no device-side copy into part of a buffer that
-  would let the tree's rows be patched into a resident one.
+  once and grown when a call needs more, up to ZEROS_MAX_BYTES (a longer prefill uploads zeros of its own).
+  A tree's bias is built on the host and uploaded once per distinct mask: `shallow` and `deep` of a verify
+  step bind the same upload. Its width follows the call's position (the zeros before the tree's root grow with
+  it), so a repeated tree shape at a new position is a new upload of n x width elements: ONNX Runtime's Python
+  API has no device-side copy into part of a buffer that would let the tree's rows be patched into a resident
+  one.
 - Everything else a call needs goes in as host arrays (token ids, positions, sequence lengths, logits_to_keep:
   O(tokens) bytes), and only the results sampling reads come back: the kept logits rows, and a draft head's
   top_token / top_prob.
