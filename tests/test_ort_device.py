@@ -378,6 +378,21 @@ def test_the_doctor_checks_onnx_runtime_cuda_through_this_path(full_bundle, cpu_
         assert any(r.inputs["hidden_in"][0] == "device" for r in fake.runs if r.piece == "deep"), mode
 
 
+@pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(),
+                    reason="needs onnxruntime-gpu and an NVIDIA GPU: this ONNX Runtime has no CUDA execution provider")
+def test_on_a_real_cuda_provider_states_stay_there_and_every_mode_is_lossless(full_bundle):
+    """On a machine with onnxruntime-gpu and a GPU (none here: it skips, saying so): the pieces run on the CUDA
+    provider, shallow's states come back as a device handle, and every mode gives the GPU's own AR tokens."""
+    gpu = load(full_bundle, providers=GPU_PROVIDERS, threads=1)
+    pieces = [getattr(gpu.pieces, n) for n in ("shallow", "deep", "adapter", "drafter")]
+    assert all(p.device == "cuda" for p in pieces), "ONNX Runtime put a piece on the CPU"
+    assert isinstance(gpu.pieces.shallow.run(np.array([[1, 2, 3]]), 0)["hidden"], DeviceStates)
+    ar = gpu.generate(PROMPT, max_new_tokens=NEW, mode="ar").tokens
+    for name, opts in MODES.items():
+        if name != "self-sampled":
+            assert gpu.generate(PROMPT, max_new_tokens=NEW, **opts).tokens == ar, name
+
+
 def test_a_session_without_the_gpu_provider_keeps_host_caches(tiny_bundles):
     # asking for CUDA on a CPU-only build: ONNX Runtime falls back to the CPU, and so do the caches and states
     if "CUDAExecutionProvider" in ort.get_available_providers():
