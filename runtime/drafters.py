@@ -20,7 +20,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .backends.common import Piece
+from .backends.common import Piece, join_states
 from .decode import Pieces, ids_array
 from .policies import DraftPolicy, DraftSignal
 from .sampling import SamplingParams, probabilities, sample
@@ -83,7 +83,7 @@ class AdapterState:
     def read(self, h: np.ndarray, pos: int, keep: int = 1) -> dict[str, np.ndarray]:
         """Run the adapter over the pending states and `h` (the states of positions pos..); returns its
         outputs for the last `keep` of them."""
-        h_in = np.concatenate([self.pending, h], axis=1) if self.pending.shape[1] else h
+        h_in = join_states([self.pending, h]) if self.pending.shape[1] else h
         out = self.piece.run(h_in, self.seen, keep)
         self.seen, self.pending = pos + h.shape[1], self.pending[:, :0]
         return out
@@ -95,7 +95,7 @@ class AdapterState:
         elif self.seen >= pos:
             self.pending = hidden[:, self.seen - pos:final]
         else:  # this step did not read the adapter: its states queue behind the pending ones
-            self.pending = np.concatenate([self.pending, hidden[:, :final]], axis=1)
+            self.pending = join_states([self.pending, hidden[:, :final]])
 
 
 class SelfDrafter:
@@ -132,7 +132,7 @@ class SelfDrafter:
             if q is not None:
                 qs.append(q)
             stop = not policy.keep_going(len(drafts), signal)
-        return Draft(drafts, qs or None, np.concatenate(hs, axis=1), catchup)
+        return Draft(drafts, qs or None, join_states(hs), catchup)
 
     def advance(self, hidden: np.ndarray, pos: int, final: int) -> None:
         self.adapter.advance(hidden, pos, final)

@@ -41,6 +41,7 @@ from typing import Protocol
 
 import numpy as np
 
+from .backends.common import join_states
 from .choices import SCHEDULES
 from .decode import Pieces, ids_array, prefill
 from .drafters import AdapterState, choose, fed_prefix
@@ -172,7 +173,7 @@ class HostHandoff:
     def deep(self, items: list[Item], tokens: list[int], pos: int) -> np.ndarray:
         """Logits [n, V] of positions pos..pos+n-1: `tokens` are their tokens, for drafters without states."""
         if items[0].hidden is not None:
-            hidden = np.concatenate([it.hidden for it in items], axis=1)
+            hidden = join_states([it.hidden for it in items])
         else:
             hidden = self.pieces.shallow.run(ids_array(tokens), pos)["hidden"]
         return self.pieces.deep.run(hidden, pos, keep=len(items))["logits"][0]

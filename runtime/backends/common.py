@@ -39,6 +39,7 @@ class Piece(Protocol):
     def run(self, x: np.ndarray, start: int, keep: int = 1, tree: TreeMask | None = None) -> dict[str, np.ndarray]:
         """Run on ``x`` ([1, n] token ids or [1, n, hidden] states) at positions [start, start+n);
         ``keep`` is how many trailing positions need logits. Returns the piece's non-cache outputs.
+        On a GPU provider the states a piece makes or reads may be `DeviceStates` instead of arrays.
         With ``tree`` the n tokens belong to a token tree: they still take cache slots [start, start+n),
         but their positions and what they attend to come from the tree."""
         ...
@@ -115,3 +116,66 @@ def bias_spec(spec: TensorSpec | None, start: int, n: int, max_context: int) -> 
     if spec is None:
         return None
     return (max_context if spec.shape[-1] == "cache_len" else start + n), spec.dtype
+
+
+class DeviceStates:
+    """Shallow states left in device memory: rows [first, first + n) of a store with one row per cache slot,
+    where a shallow call writes the state of slot p into row p. The drafters and the loop only slice these
+    along the sequence axis and join neighbouring slices, so a slice stays a row range of the store and
+    `deep` or the adapter binds it by address, without the states ever reaching the host.
+
+    A row holds the state of the last token written at that slot; the loop reads a row only while it is
+    the state it means (final positions are never written again, drafts are read before the next step)."""
+
+    __slots__ = ("first", "n", "store")
+
+    def __init__(self, store: StateStore, first: int, n: int) -> None:
+        self.store, self.first, self.n = store, first, n
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return 1, self.n, self.store.hidden
+
+    @property
+    def ptr(self) -> int:
+        """The device address of the first row."""
+        return self.store.ptr + self.first * self.store.row_bytes
+
+    def __getitem__(self, key) -> DeviceStates:
+        # the only indexing the loop does: [:, a:b] (a slice of positions)
+        if (not isinstance(key, tuple) or len(key) != 2 or key[0] != slice(None) or not isinstance(key[1], slice)
+                or key[1].step not in (None, 1)):
+            raise TypeError(f"device states take only [:, a:b] slices, not {key!r}")
+        a, b, _ = key[1].indices(self.n)
+        return DeviceStates(self.store, self.first + a, max(0, b - a))
+
+    def __array__(self, *args, **kwargs):
+        # a host copy would be the very transfer this type exists to avoid: fail where it would happen
+        raise TypeError("shallow states on the device are not copied to the host; pass them to a piece instead")
+
+    def __repr__(self) -> str:
+        return f"DeviceStates(rows {self.first}..{self.first + self.n - 1} on {self.store.device})"
+
+
+class StateStore(Protocol):
+    """Where a backend keeps shallow states on a device (see DeviceStates)."""
+
+    device: str
+    hidden: int  # elements per row
+    row_bytes: int
+    ptr: int  # device address of row 0
+
+
+def join_states(parts: list):
+    """Shallow states of consecutive positions as one [1, n, H] block: numpy arrays are concatenated (the
+    CPU path, as before); device states must be neighbouring rows of one store, and become one range."""
+    if not isinstance(parts[0], DeviceStates):
+        return np.concatenate(parts, axis=1)
+    parts = [p for p in parts if p.n] or parts[:1]
+    first = parts[0]
+    end = first.first + first.n
+    for p in parts[1:]:
+        if p.store is not first.store or p.first != end:
+            raise RuntimeError(f"cannot join device states {first!r} .. {p!r}: they are not neighbouring rows")
+        end += p.n
+    return DeviceStates(first.store, first.first, end - first.first)

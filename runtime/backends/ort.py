@@ -11,7 +11,8 @@ import onnxruntime as ort
 from ..errors import SpecExportError
 from ..manifest import Piece as PieceSpec
 from .buckets import CacheBuckets, dynamic_cache_len, relayout_host, view
-from .common import TreeMask, bias_input, bias_spec, check_io, control_feeds
+from .common import DeviceStates, TreeMask, bias_input, bias_spec, check_io, control_feeds
+from .ort_device import StateStore, bind_states, device_biases
 
 _AXES = ("batch", "seq", "kept")  # the named axes of a piece's results that a call fixes
 _shared_pool_threads: int | None = None  # size of the process-wide intra-op pool, once enabled
@@ -82,7 +83,8 @@ class OrtPiece:
     (buckets.py).
 
     On a GPU execution provider (CUDA, TensorRT) the caches are OrtValues in device memory, bound once, so
-    no call moves them; token ids, positions and masks go in and the results come out through the host.
+    no call moves them; shallow states and attention biases stay on the device too, token ids and positions
+    go in and only the results sampling reads come out (`_run_device`, ort_device.py).
     """
 
     def __init__(self, name: str, path: Path, spec: PieceSpec, max_context: int, providers: list[str],
@@ -137,6 +139,8 @@ class OrtPiece:
         self._shaped = all(isinstance(d, int) or d in _AXES for _, _, shape in self._result_specs for d in shape)
         if self.kv_mode == "shared":
             self._bind_caches()  # the same buffers every call: bound once, not 2 x layers binds a call
+        if self.device is not None:
+            self._init_device()
 
     def _bind_caches(self) -> None:
         for past, present, buffers in self._caches:
@@ -171,6 +175,8 @@ class OrtPiece:
         return results
 
     def run(self, x: np.ndarray, start: int, keep: int = 1, tree: TreeMask | None = None) -> dict[str, np.ndarray]:
+        if self.device is not None:
+            return self._run_device(x, start, keep, tree)
         n = x.shape[1]
         width = self.max_context
         if self._buckets is not None:
@@ -197,4 +203,56 @@ class OrtPiece:
             for (_, _, buffers), arrays in zip(self._caches, self._arrays, strict=True):
                 buffers.reverse()
                 arrays.reverse()
+        return results
+
+    # -- on a GPU execution provider (ort_device.py) ---------------------------------------------------------
+
+    def _init_device(self) -> None:
+        # shallow's states stay in a device store that deep and the adapter read by address
+        hidden = next((t for t in self.outputs if t.name == "hidden"), None)
+        self._store = (StateStore(self.device, self.max_context, int(hidden.shape[-1]), hidden.dtype)
+                       if hidden is not None and isinstance(hidden.shape[-1], int) else None)
+        self._host_results = [spec for spec in self._result_specs if self._store is None or spec[0] != "hidden"]
+        self._biases = device_biases(self.device)
+        self._held: list = []  # what this call bound by address, kept alive until the next call
+
+    def _run_device(self, x: np.ndarray | DeviceStates, start: int, keep: int,
+                    tree: TreeMask | None) -> dict[str, np.ndarray | DeviceStates]:
+        n = x.shape[1]
+        if self.kv_mode == "swap":
+            self._bind_caches()
+        held: list = []
+        results: dict = {}
+        if self._store is not None:  # bound before the host results, so get_outputs ends with those
+            results["hidden"] = self._store.bind_output(self.binding, "hidden", start, n)
+        axes = {"batch": 1, "seq": n, "kept": n if keep <= 0 else min(keep, n)}
+        for name, dtype, shape in self._host_results:  # only what sampling reads comes back to the host
+            if self._shaped:
+                results[name] = np.empty([axes.get(d, d) for d in shape], dtype=dtype)
+                self.binding.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(results[name]))
+            else:
+                self.binding.bind_output(name, "cpu")
+        if isinstance(x, DeviceStates):
+            bind_states(self.binding, self.primary, x, self.device)
+            held.append(x)
+        else:
+            self.binding.bind_cpu_input(self.primary, x)
+        for name, value in control_feeds(self.input_names, start, n, keep, tree).items():
+            self.binding.bind_cpu_input(name, value)
+        if self.bias_input is not None:
+            width, dtype = bias_spec(self.bias_input, start, n, self.max_context)
+            held.append(self._biases.bind(self.binding, self.bias_input.name, start, n, width, dtype, tree))
+        self._held = held
+        try:
+            self.session.run_with_iobinding(self.binding)
+        except Exception as exc:  # as in `run`
+            reason = " ".join(str(exc).split())
+            raise SpecExportError(f"piece {self.name!r} failed at positions {start}..{start + n - 1} ({n} token(s)):"
+                                  f" {reason}") from None
+        if not self._shaped and self._host_results:
+            values = self.binding.get_outputs()[-len(self._host_results):]
+            results.update((spec[0], v.numpy()) for spec, v in zip(self._host_results, values, strict=True))
+        if self.kv_mode == "swap":
+            for _, _, buffers in self._caches:
+                buffers.reverse()
         return results
