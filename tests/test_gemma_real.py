@@ -141,3 +141,33 @@ def test_a_smaller_gemma3_with_the_same_tokenizer_drafts_for_a_gemma3(tmp_path):
     drafted = session.generate_ids(ids, max_new_tokens=40, mode="model")
     assert drafted.tokens == ar.tokens and ar.tokens
     assert drafted.stats.drafted > 0 and drafted.stats.accepted > 0, drafted.stats  # drafts made and some taken
+
+
+def test_a_gguf_in_parts_is_assembled_once_and_checked(tmp_path, monkeypatch):
+    """The recipe [source] with parts, on a stand-in: two files of an installed package (click) as the parts. The
+    file is their concatenation, made once; a wrong sha256 or a missing package is one sentence, leaving nothing."""
+    import hashlib
+
+    import click
+    from specexport.exporter.model_source import recipe_model_file
+    from specexport.runtime.errors import SpecExportError
+
+    monkeypatch.setenv("SPECEXPORT_CACHE", str(tmp_path / "cache"))
+    root = Path(click.__file__).parent
+    parts = [{"package": "click", "file": "click/core.py"}, {"package": "click", "file": "click/types.py"}]
+    whole = (root / "core.py").read_bytes() + (root / "types.py").read_bytes()
+    src = {"package": "click", "version": md.version("click"), "file": "stand-in.gguf", "parts": parts,
+           "sha256": hashlib.sha256(whole).hexdigest()}
+    path = recipe_model_file(src)
+    assert path.read_bytes() == whole and path.is_relative_to(tmp_path / "cache")
+    mtime = path.stat().st_mtime_ns
+    assert recipe_model_file(src) == path and path.stat().st_mtime_ns == mtime  # made once
+
+    wrong = {**src, "file": "other.gguf", "sha256": "0" * 64}
+    with pytest.raises(SpecExportError, match=r"not the recipe's 0000000000000000\.\.\.; reinstall with"):
+        recipe_model_file(wrong)
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no partial file left
+    with pytest.raises(SpecExportError, match="needs the package no-such-gguf-package; install it with"):
+        recipe_model_file({**src, "package": "no-such-gguf-package"})
+    with pytest.raises(SpecExportError, match=r"needs click==0\.0 but"):
+        recipe_model_file({**src, "version": "0.0"})
