@@ -59,28 +59,31 @@ def gemma_bundle(gemma_gguf) -> Path:
 def test_bundle_records_gemma3_and_passes_parity(gemma_bundle):
     import json
 
-    manifest = json.loads((gemma_bundle / "manifest.json").read_text())
-    model = manifest["model"]
-    assert model["architecture"] == "gemma3_text"
-    assert model["dims"]["vocab"] == 262144 and model["dims"]["layers"] == 18 and model["bos_token_id"] == 2
-    assert manifest["tokenizer"]["chat"]["user_prefix"] == "<bos>"  # a base model: the BOS is its only format
+    from specexport.runtime.bundle import read_manifest
+
+    manifest = read_manifest(gemma_bundle)
+    assert manifest.model.architecture == "gemma3_text" and manifest.model.bos_token_id == 2
+    assert manifest.model.dims.vocab == 262144 and manifest.model.dims.layers == 18
+    assert manifest.tokenizer.chat.user_prefix == "<bos>"  # a base model: the BOS is its only format
+    pieces = json.loads((gemma_bundle / "manifest.json").read_text())["pieces"]
     for name in ("shallow", "deep"):
-        parity = manifest["pieces"][name]["parity"]
+        parity = pieces[name]["parity"]
         assert max(parity["max_relative_error"].values()) <= parity["tolerance"] == 1e-3
-    windows = manifest["pieces"]["deep"]["attention"]["windows"]
+    windows = pieces["deep"]["attention"]["windows"]
     assert windows.count(None) == 3 and set(windows) == {None, 512}  # layers 5, 11 and 17 of 18 are global
 
 
 @pytest.mark.slow
 def test_greedy_matches_transformers_and_lookup_equals_ar(gemma_bundle):
-    import json
-
     import torch
+    from specexport.exporter.model_source import find_checkpoint
     from specexport.runtime import load
+    from specexport.runtime.bundle import read_manifest
     from transformers import AutoModelForCausalLM
 
     session = load(gemma_bundle)
-    checkpoint = json.loads((gemma_bundle / "manifest.json").read_text())["provenance"]["checkpoint"]
+    checkpoint = find_checkpoint(read_manifest(gemma_bundle).provenance.source_sha256)  # it names no path
+    assert checkpoint is not None
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
     eos = session.codec.eos_ids
     for prompt in PROMPTS[:3]:
@@ -132,9 +135,9 @@ def test_a_smaller_gemma3_with_the_same_tokenizer_drafts_for_a_gemma3(tmp_path):
     drafter = make_arch_checkpoint(tmp_path / "drafter", "gemma3_text", seed=1, num_hidden_layers=3,
                                    layer_types=["sliding_attention", "sliding_attention", "full_attention"])
     manifest = build_bundle(tmp_path / "b", model=str(target), drafter=str(drafter), adapter="none", context=128)
-    spec = manifest["pieces"]["drafter"]
-    assert spec["architecture"] == "gemma3_text" and spec["dims"]["layers"] == 3
-    assert spec["parity"]["max_relative_error"]["logits"] <= 1e-3
+    spec = manifest.pieces["drafter"]
+    assert spec.architecture == "gemma3_text" and spec.dims.layers == 3
+    assert spec.parity["max_relative_error"]["logits"] <= 1e-3
     session = load(tmp_path / "b")
     ids = session.prompt_ids("explain how a hash table works", session.options())
     ar = session.generate_ids(ids, max_new_tokens=40, mode="ar")
