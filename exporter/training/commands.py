@@ -14,7 +14,7 @@ from .device import resolve_device
 def _target(cfg: dict, model: str | None) -> model_source.ModelSource:
     if model is None:
         src = cfg["source"]
-        return model_source.resolve(model_source.default_model_file(src["package"], src["version"], src["file"]))
+        return model_source.resolve(model_source.recipe_model_file(src))
     return model_source.resolve(model)
 
 

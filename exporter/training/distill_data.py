@@ -37,6 +37,12 @@ def _shard_path(out_dir: Path, index: int) -> Path:
 
 
 def _chat_text(tokenizer: Any, prompt: str) -> str:
+    if not getattr(tokenizer, "chat_template", None):
+        # a base model (Gemma 3 270M): the prompt as the bundle formats it, its tokenizer's BOS before the text
+        from ..chat import chat_format
+
+        plain = chat_format(tokenizer)
+        return plain.user_prefix + prompt + plain.user_suffix if plain else prompt
     return tokenizer.apply_chat_template(
         [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
     )
