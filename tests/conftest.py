@@ -154,3 +154,16 @@ def real_bundle(variant: str = "fp32") -> Path:
 def default_bundle() -> Path:
     """The real SmolLM2-135M-Instruct bundle (default recipe), built once per exporter version."""
     return real_bundle("fp32")
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """PyTorch in the tests (the parity references of every build, transformers' `generate`, training) runs on
+    one intra-op thread: on a 2-core machine shared with other jobs, two OpenMP threads spin against each other
+    and run several times slower than one (a test that wants more sets them itself). Set before every test,
+    since the training entry points set their own count and would otherwise leave it for the next test."""
+    try:
+        import torch
+    except ImportError:  # a runtime-only environment
+        return
+    torch.set_num_threads(1)
