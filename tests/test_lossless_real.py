@@ -1,9 +1,9 @@
 """On the real default model, at every precision the toolkit builds (fp32, int8, int4, and the fp16
 standard-flavour pieces a TensorRT build writes, run here on ONNX Runtime's CPU provider): the greedy output
 of every lossless mode, tree shape and schedule (at int4 every policy too) is token for token AR's output of
-the same bundle, on 5 prompts x 64 new tokens in the suite (10 x 96 with `make test-lossless`), and the shipped adapter's drafts are really used. The fp16
-pieces run ~6x slower on this CPU than int4, so within the suite's time they take a chain (self), auto (the
-tree and lookup) and PEARL (the drafter piece beside deep).
+the same bundle, on 5 prompts x 64 new tokens in the suite (10 x 96 with `make test-lossless`), and the
+shipped adapter's drafts are really used. The fp16 pieces run ~6x slower on this CPU than int4, so within the
+suite's time they take a chain (self), auto (the tree and lookup) and PEARL (the drafter piece beside deep).
 
 What keeps a mode lossless is arithmetic: the rows of a verification call (a chain of k tokens, or a tree's
 leading chain of slots, which is all `tree.settle` makes final) must be, bit for bit, what k one-token AR
