@@ -1,0 +1,6 @@
+"""Batched serving: many requests through the pieces at once, each getting what it would get alone."""
+
+from .request import BatchRequest
+from .scheduler import BatchScheduler
+
+__all__ = ["BatchRequest", "BatchScheduler"]
