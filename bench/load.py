@@ -1,0 +1,169 @@
+"""Serving under load, in one process: throughput and p50/p95 latency at several numbers of concurrent clients,
+for requests served one at a time (a Session: each request holds it from its first token to its last) and for
+the batched scheduler (runtime/batching), side by side in one run, with each response checked against AR.
+
+    .venv/bin/python -m specexport.bench.load --bundle bundles/smollm2 --batch-bundle bundles/smollm2-std \
+        --clients 1,2,4,8 --requests 16 --max-new-tokens 64 --out reports/load.json
+
+Each client is a thread that sends its next request when the last one ends (closed loop) until `--requests`
+have been sent or `--time-limit` seconds have passed; latency is from sending to the last token. No network:
+the requests go straight to the runtime (issue 23's HTTP server is not under this). The batched scheduler
+needs standard-flavour pieces (`specexport build --flavour standard`), so its AR reference is that bundle's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..runtime import SpecExportError, load
+from ..runtime.batching import BatchScheduler
+from .machine import default_threads
+
+PROMPTS = [
+    "Explain how a hash table works.", "Write a haiku about the sea.", "What is 17 times 23? Show your steps.",
+    "List three uses of copper.", "Translate 'good morning, how are you?' into French and Spanish.",
+    "Summarize: the cat sat on the mat because the mat was warm, and the dog lay by the door because the door"
+    " was cold.", "Write a Python function that reverses a string.", "Why is the sky blue?",
+    "Give a recipe for pancakes.", "What is the capital of Australia, and why is it not Sydney?",
+    "Rewrite in the passive voice: The committee approved the budget. The mayor signed the law.",
+    "Explain recursion to a child.", "Write a short email asking a colleague to review a pull request.",
+    "Compare TCP and UDP in two sentences each.", "Name the planets of the solar system in order.",
+    "Extract the dates: The meeting moved from 3 May to 7 May, and the launch from 1 June to 15 June.",
+]
+
+
+@dataclass
+class System:
+    name: str
+    bundle: str  # whose AR its responses must equal
+    run: Callable[[list[int]], list[int]]  # one request, to its end, on the calling client's thread
+
+
+def drive(system: System, prompts: list[list[int]], clients: int, requests: int, time_limit: float) -> dict:
+    jobs = list(range(requests))
+    lock = threading.Lock()
+    done: list[tuple[int, list[int], float]] = []
+    t0 = time.perf_counter()
+
+    def client() -> None:
+        while True:
+            with lock:
+                if not jobs or time.perf_counter() - t0 > time_limit:
+                    return
+                j = jobs.pop(0)
+            start = time.perf_counter()
+            tokens = system.run(prompts[j % len(prompts)])
+            with lock:
+                done.append((j, tokens, time.perf_counter() - start))
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    latencies = sorted(s for _, _, s in done)
+    return {"system": system.name, "clients": clients, "requests": len(done), "wall_s": wall,
+            "tokens": sum(len(t) for _, t, _ in done), "tokens_per_s": sum(len(t) for _, t, _ in done) / wall,
+            "p50_s": statistics.median(latencies), "p95_s": latencies[min(len(latencies) - 1,
+                                                                           round(0.95 * (len(latencies) - 1)))],
+            "outputs": {j: t for j, t, _ in done}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bundle", default="bundles/smollm2", help="the default bundle: one-at-a-time systems")
+    ap.add_argument("--batch-bundle", default="bundles/smollm2-std", help="a standard-flavour build of it")
+    ap.add_argument("--clients", default="1,2,4,8")
+    ap.add_argument("--requests", type=int, default=16, help="requests per system and client count")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--time-limit", type=float, default=300.0, help="seconds per cell before no new request")
+    ap.add_argument("--modes", default="auto", help="one-at-a-time modes besides ar (the best one: auto)")
+    ap.add_argument("--batch-modes", default="ar,lookup")
+    ap.add_argument("--max-batch", type=int, default=None, help="cache rows (default: the most clients)")
+    ap.add_argument("--out", default="reports/load.json")
+    args = ap.parse_args(argv)
+    levels = [int(c) for c in args.clients.split(",")]
+    n = args.max_new_tokens
+    threads = default_threads()
+
+    single = load(args.bundle, threads=threads)
+    batch_single = load(args.batch_bundle, threads=threads)  # the batched bundle's own AR, the reference
+    prompts = [single.prompt_ids(p, single.options()) for p in PROMPTS]
+    if [batch_single.prompt_ids(p, batch_single.options()) for p in PROMPTS] != prompts:
+        print("the two bundles tokenize the prompts differently; build both from the same model", file=sys.stderr)
+        return 1
+    t0 = time.perf_counter()
+    scheduler = BatchScheduler(batch_single, max_batch=args.max_batch or max(levels), threads=threads)
+    print(f"batched cost model {scheduler.cost} (measured in {time.perf_counter() - t0:.1f} s)", file=sys.stderr)
+
+    systems = [System("ar, one at a time", args.bundle,
+                      lambda ids: single.generate_ids(ids, mode="ar", max_new_tokens=n).tokens)]
+    for mode in filter(None, args.modes.split(",")):
+        systems.append(System(f"{mode}, one at a time", args.bundle,
+                              lambda ids, m=mode: single.generate_ids(ids, mode=m, max_new_tokens=n).tokens))
+    for mode in filter(None, args.batch_modes.split(",")):
+        systems.append(System(f"{mode}, batched", args.batch_bundle,
+                              lambda ids, m=mode: scheduler.submit(ids, mode=m, max_new_tokens=n).result()))
+
+    t0 = time.perf_counter()
+    reference = {args.bundle: [single.generate_ids(p, mode="ar", max_new_tokens=n).tokens for p in prompts],
+                 args.batch_bundle: [batch_single.generate_ids(p, mode="ar", max_new_tokens=n).tokens
+                                     for p in prompts]}
+    print(f"AR references in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    cells = []
+    for li, clients in enumerate(levels):
+        # the systems take turns, in an order that rotates per level, so a busy spell of the shared
+        # machine does not land on one system at every level
+        for system in systems[li % len(systems):] + systems[:li % len(systems)]:
+            cell = drive(system, prompts, clients, args.requests, args.time_limit)
+            want = reference[system.bundle]
+            cell["identical_to_ar"] = sum(t == want[j % len(prompts)] for j, t in cell.pop("outputs").items())
+            cells.append(cell)
+            print(f"{system.name:24} clients {clients}: {cell['tokens_per_s']:6.1f} tokens/s, p50 {cell['p50_s']:.1f}"
+                  f" s, p95 {cell['p95_s']:.1f} s, {cell['identical_to_ar']}/{cell['requests']} identical to AR",
+                  file=sys.stderr)
+    scheduler.close()
+    report = {"date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "argv": sys.argv[1:], "threads": threads,
+              "cost_model": scheduler.cost.__dict__, "cells": cells}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    print(table(cells, levels, [s.name for s in systems]))
+    return 0
+
+
+def table(cells: list[dict], levels: list[int], names: list[str]) -> str:
+    """Markdown: a row per system; per client count its tokens/s (with its ratio to the fastest one-at-a-time
+    system at that count), p50 / p95 latency and how many responses were AR's."""
+    by = {(c["system"], c["clients"]): c for c in cells}
+    head = "| system | " + " | ".join(f"{c} client{'s' * (c > 1)}: tokens/s, p50 / p95 s" for c in levels) + " |"
+    lines = [head, "|---" * (len(levels) + 1) + "|"]
+    for name in names:
+        row = [name]
+        for c in levels:
+            cell = by[(name, c)]
+            best = max(by[(other, c)]["tokens_per_s"] for other in names if "one at a time" in other)
+            row.append(f"{cell['tokens_per_s']:.1f} ({cell['tokens_per_s'] / best:.2f}×), {cell['p50_s']:.1f} /"
+                       f" {cell['p95_s']:.1f}, {cell['identical_to_ar']}/{cell['requests']} = AR")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def entry() -> int:
+    try:
+        return main()
+    except SpecExportError as exc:  # a missing bundle, a bad option: one sentence
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(entry())
