@@ -160,3 +160,25 @@ def test_admission_is_shortest_first_with_aging():
     assert queue.pop(now=1.0) is short
     queue.push(short := Req(10, 9.0))
     assert queue.pop(now=10.0) is long  # waited 10 s: its 5 s of service has aged away
+
+
+def test_text_stream_stops_as_session_does(session):
+    prompt = PROMPTS[2]
+    alone = session.generate(prompt, mode="ar", max_new_tokens=30)
+    stop = alone.text[12:16]  # a stop string the AR text runs into
+    want = session.generate(prompt, mode="ar", max_new_tokens=30, stop=[stop])
+    with BatchScheduler(session, max_batch=2, cost=COST) as scheduler:
+        beside = scheduler.stream(PROMPTS[0], mode="lookup", max_new_tokens=30)
+        stream = scheduler.stream(prompt, mode="lookup", max_new_tokens=30, stop=[stop])
+        assert "".join(stream) == want.text and stream.finish_reason == want.finish_reason == "stop"
+        assert "".join(beside) == session.generate(PROMPTS[0], mode="ar", max_new_tokens=30).text
+
+
+def test_cancel_while_waiting(session, expected):
+    ids, reference = expected
+    with BatchScheduler(session, max_batch=1, cost=COST) as scheduler:
+        running = scheduler.submit(ids[0], mode="ar", max_new_tokens=30)
+        waiting = scheduler.submit(ids[1], mode="ar", max_new_tokens=30)
+        waiting.cancel()
+        assert waiting.result() == [] and waiting.finish_reason == "cancelled"
+        assert running.result() == reference[0][:30]

@@ -2,5 +2,6 @@
 
 from .request import BatchRequest
 from .scheduler import BatchScheduler
+from .text import BatchTextStream
 
-__all__ = ["BatchRequest", "BatchScheduler"]
+__all__ = ["BatchRequest", "BatchScheduler", "BatchTextStream"]

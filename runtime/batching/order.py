@@ -39,6 +39,11 @@ class AdmissionQueue:
         del self._waiting[i]
         return request
 
+    def drop_cancelled(self) -> list[BatchRequest]:
+        gone = [r for r in self._waiting if r.cancelled]
+        self._waiting = [r for r in self._waiting if not r.cancelled]
+        return gone
+
     def drain(self) -> list[BatchRequest]:
         waiting, self._waiting = self._waiting, []
         return waiting

@@ -5,6 +5,8 @@
     for tokens in request:                                # new token ids, a list per step
         ...
     request.cancel()                                      # frees its cache row at the next step
+    for text in scheduler.stream("Write a haiku.", stop=["\n\n"]):   # text, as Session.stream gives it
+        ...
 
 One thread drives the loop. Between steps, finished and cancelled rows free their cache row and waiting
 requests take free rows (order.py), each read in by a prefill of its own; then every running row drafts
@@ -34,6 +36,7 @@ from .order import AdmissionQueue
 from .request import BatchRequest, Row
 from .rows import BatchedPiece, check_batchable
 from .step import BatchPieces, prefill, step
+from .text import BatchTextStream
 
 if TYPE_CHECKING:
     from ..session import Session
@@ -104,6 +107,12 @@ class BatchScheduler:
             self._wake.notify()
         return request
 
+    def stream(self, prompt: str, **options) -> BatchTextStream:
+        """A text prompt, formatted and encoded as Session.stream does; iterate the result for text."""
+        opts = self.options(**options)
+        ids = self.codec.encode(self.codec.format(prompt, opts.system, opts.chat))
+        return BatchTextStream(self.submit(ids, **options), self.codec)
+
     def close(self) -> None:
         """Cancels what is still waiting or running and stops the loop."""
         with self._wake:
@@ -126,6 +135,8 @@ class BatchScheduler:
                     self._wake.wait()
                 if self._closed:
                     break
+                for request in self._waiting.drop_cancelled():
+                    request.end("cancelled")
                 joining = self._admit()
             for row in joining:
                 self._run(self._prefill, [row])
