@@ -5,8 +5,10 @@ the batched scheduler (runtime/batching), side by side in one run, with each res
     .venv/bin/python -m specexport.bench.load --bundle bundles/smollm2 --batch-bundle bundles/smollm2-std \
         --clients 1,2,4,8 --requests 16 --max-new-tokens 64 --out reports/load.json
 
-Each client is a thread that sends its next request when the last one ends (closed loop) until `--requests`
-have been sent or `--time-limit` seconds have passed; latency is from sending to the last token. No network:
+Each client is a thread that sends its next request when the last one ends (closed loop) until the round's
+requests have been sent or `--time-limit` seconds have passed; latency is from sending to the last token.
+The `--requests` are split into `--rounds`, and the systems take turns round by round. Throughput is given
+per wall second and per CPU second of the process: on a shared machine the second moves less with the load. No network:
 the requests go straight to the runtime (issue 23's HTTP server is not under this). The batched scheduler
 needs standard-flavour pieces (`specexport build --flavour standard`), so its AR reference is that bundle's.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import sys
 import threading
@@ -47,11 +50,17 @@ class System:
     run: Callable[[list[int]], list[int]]  # one request, to its end, on the calling client's thread
 
 
-def drive(system: System, prompts: list[list[int]], clients: int, requests: int, time_limit: float) -> dict:
-    jobs = list(range(requests))
+def cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def drive(system: System, prompts: list[list[int]], clients: int, jobs: list[int], time_limit: float) -> dict:
+    """Runs requests `jobs` (indices into the prompts) from `clients` closed-loop clients."""
+    jobs = list(jobs)
     lock = threading.Lock()
     done: list[tuple[int, list[int], float]] = []
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), cpu_s()
 
     def client() -> None:
         while True:
@@ -69,13 +78,20 @@ def drive(system: System, prompts: list[list[int]], clients: int, requests: int,
         t.start()
     for t in threads:
         t.join()
-    wall = time.perf_counter() - t0
-    latencies = sorted(s for _, _, s in done)
-    return {"system": system.name, "clients": clients, "requests": len(done), "wall_s": wall,
-            "tokens": sum(len(t) for _, t, _ in done), "tokens_per_s": sum(len(t) for _, t, _ in done) / wall,
-            "p50_s": statistics.median(latencies), "p95_s": latencies[min(len(latencies) - 1,
-                                                                           round(0.95 * (len(latencies) - 1)))],
+    return {"wall_s": time.perf_counter() - t0, "cpu_s": cpu_s() - c0, "latencies": [s for _, _, s in done],
             "outputs": {j: t for j, t, _ in done}}
+
+
+def summarize(system: str, clients: int, rounds: list[dict]) -> dict:
+    """One cell from its rounds: tokens over the rounds' wall time (and over the process's CPU seconds, which a
+    busy shared machine moves less than the wall clock), latency percentiles over every request."""
+    latencies = sorted(s for r in rounds for s in r["latencies"])
+    tokens = sum(len(t) for r in rounds for t in r["outputs"].values())
+    wall, cpu = sum(r["wall_s"] for r in rounds), sum(r["cpu_s"] for r in rounds)
+    return {"system": system, "clients": clients, "requests": len(latencies), "tokens": tokens, "wall_s": wall,
+            "cpu_s": cpu, "tokens_per_s": tokens / wall, "tokens_per_cpu_s": tokens / cpu,
+            "p50_s": statistics.median(latencies),
+            "p95_s": latencies[min(len(latencies) - 1, round(0.95 * (len(latencies) - 1)))]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-bundle", default="bundles/smollm2-std", help="a standard-flavour build of it")
     ap.add_argument("--clients", default="1,2,4,8")
     ap.add_argument("--requests", type=int, default=16, help="requests per system and client count")
+    ap.add_argument("--rounds", type=int, default=2, help="the requests split into rounds, the systems taking"
+                    " turns round by round")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--time-limit", type=float, default=300.0, help="seconds per cell before no new request")
     ap.add_argument("--modes", default="auto", help="one-at-a-time modes besides ar (the best one: auto)")
@@ -120,17 +138,24 @@ def main(argv: list[str] | None = None) -> int:
                                      for p in prompts]}
     print(f"AR references in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     cells = []
+    chunks = [list(range(args.requests))[i::args.rounds] for i in range(args.rounds)]
     for li, clients in enumerate(levels):
-        # the systems take turns, in an order that rotates per level, so a busy spell of the shared
-        # machine does not land on one system at every level
-        for system in systems[li % len(systems):] + systems[:li % len(systems)]:
-            cell = drive(system, prompts, clients, args.requests, args.time_limit)
+        # the systems take turns round by round, in an order that rotates, so that a busy spell of the shared
+        # machine does not land on one system
+        runs: dict[str, list[dict]] = {s.name: [] for s in systems}
+        for ri, jobs in enumerate(chunks):
+            k = (li + ri) % len(systems)
+            for system in systems[k:] + systems[:k]:
+                runs[system.name].append(drive(system, prompts, clients, jobs, args.time_limit))
+        for system in systems:
+            cell = summarize(system.name, clients, runs[system.name])
             want = reference[system.bundle]
-            cell["identical_to_ar"] = sum(t == want[j % len(prompts)] for j, t in cell.pop("outputs").items())
+            cell["identical_to_ar"] = sum(t == want[j % len(prompts)] for r in runs[system.name]
+                                          for j, t in r["outputs"].items())
             cells.append(cell)
-            print(f"{system.name:24} clients {clients}: {cell['tokens_per_s']:6.1f} tokens/s, p50 {cell['p50_s']:.1f}"
-                  f" s, p95 {cell['p95_s']:.1f} s, {cell['identical_to_ar']}/{cell['requests']} identical to AR",
-                  file=sys.stderr)
+            print(f"{system.name:24} clients {clients}: {cell['tokens_per_s']:6.1f} tokens/s"
+                  f" ({cell['tokens_per_cpu_s']:.1f} per CPU s), p50 {cell['p50_s']:.1f} s, p95 {cell['p95_s']:.1f} s,"
+                  f" {cell['identical_to_ar']}/{cell['requests']} identical to AR", file=sys.stderr)
     scheduler.close()
     report = {"date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "argv": sys.argv[1:], "threads": threads,
               "cost_model": scheduler.cost.__dict__, "cells": cells}
@@ -142,17 +167,22 @@ def main(argv: list[str] | None = None) -> int:
 
 def table(cells: list[dict], levels: list[int], names: list[str]) -> str:
     """Markdown: a row per system; per client count its tokens/s (with its ratio to the fastest one-at-a-time
-    system at that count), p50 / p95 latency and how many responses were AR's."""
+    system at that count), tokens per CPU second (ratio likewise), p50 / p95 latency and how many responses
+    were AR's."""
     by = {(c["system"], c["clients"]): c for c in cells}
-    head = "| system | " + " | ".join(f"{c} client{'s' * (c > 1)}: tokens/s, p50 / p95 s" for c in levels) + " |"
+    head = "| system | " + " | ".join(f"{c} client{'s' * (c > 1)}: tokens/s, per CPU s, p50 / p95 s"
+                                      for c in levels) + " |"
     lines = [head, "|---" * (len(levels) + 1) + "|"]
     for name in names:
         row = [name]
         for c in levels:
             cell = by[(name, c)]
-            best = max(by[(other, c)]["tokens_per_s"] for other in names if "one at a time" in other)
-            row.append(f"{cell['tokens_per_s']:.1f} ({cell['tokens_per_s'] / best:.2f}×), {cell['p50_s']:.1f} /"
-                       f" {cell['p95_s']:.1f}, {cell['identical_to_ar']}/{cell['requests']} = AR")
+            ratios = []
+            for key in ("tokens_per_s", "tokens_per_cpu_s"):
+                best = max(by[(other, c)][key] for other in names if "one at a time" in other)
+                ratios.append(f"{cell[key]:.1f} ({cell[key] / best:.2f}×)")
+            row.append(f"{ratios[0]}, {ratios[1]}, {cell['p50_s']:.1f} / {cell['p95_s']:.1f},"
+                       f" {cell['identical_to_ar']}/{cell['requests']} = AR")
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
