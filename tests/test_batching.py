@@ -182,3 +182,39 @@ def test_cancel_while_waiting(session, expected):
         waiting.cancel()
         assert waiting.result() == [] and waiting.finish_reason == "cancelled"
         assert running.result() == reference[0][:30]
+
+
+def test_rows_at_the_context_end_equal_ar(session):
+    """Prompts near the context (256): the budget is what is left, and drafts never run past it."""
+    long = session.codec.encode(" ".join(["a hash table maps keys to values"] * 40))[:230]
+    other = session.codec.encode("the quick brown fox jumps over the lazy dog")
+    want = session.generate_ids(long, mode="ar", max_new_tokens=100).tokens
+    with BatchScheduler(session, max_batch=2, cost=COST) as scheduler:
+        beside = scheduler.submit(other, mode="lookup", max_new_tokens=60)
+        request = scheduler.submit(long, mode="lookup", max_new_tokens=100)
+        assert request.result() == want and len(want) == 256 - 230
+        assert beside.result() == session.generate_ids(other, mode="ar", max_new_tokens=60).tokens
+
+
+def test_a_failed_step_ends_its_requests_and_the_loop_goes_on(session, expected):
+    ids, reference = expected
+    with BatchScheduler(session, max_batch=2, cost=COST) as scheduler:
+        deep = scheduler.pieces.deep
+        real_run, calls = deep.run, []
+
+        def failing(x, rows, starts, keep=1):
+            if len(rows) == 2 and not calls:  # the first step of both rows
+                calls.append(rows)
+                raise SpecExportError("piece 'deep' failed: injected")
+            return real_run(x, rows, starts, keep)
+
+        deep.run = failing
+        with scheduler._wake:  # the loop admits both at once, so they share their first step
+            first = scheduler.submit(ids[0], mode="ar", max_new_tokens=10)
+            second = scheduler.submit(ids[1], mode="lookup", max_new_tokens=10)
+        for request in (first, second):
+            with pytest.raises(SpecExportError, match="injected"):
+                request.result()
+            assert request.finish_reason == "error"
+        after = scheduler.submit(ids[2], mode="lookup", max_new_tokens=10)
+        assert after.result() == reference[2][:10]
