@@ -28,6 +28,9 @@ def register(main: click.Group) -> None:
     @click.option("--threads", type=int, default=None, help="Threads for ONNX Runtime (default: all cores).")
     @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
                   default="info", show_default=True)
+    @click.option("--batch", type=click.IntRange(1), default=None, metavar="N",
+                  help="Decode up to N requests at once, verified together (a bundle built with --flavour standard;"
+                  " modes ar and lookup, auto meaning lookup). Default: one at a time.")
     @click.option("--ray", "use_ray", is_flag=True, help="Serve through Ray Serve: replicas (each with its own"
                   " Session) behind Ray's HTTP proxy on --host/--port (the ray extra).")
     @click.option("--replicas", type=click.IntRange(1), default=1, show_default=True,
@@ -40,11 +43,13 @@ def register(main: click.Group) -> None:
                   help="With --ray: GPUs per replica (1: one replica per GPU).")
     @click.option("--ray-address", default=None, help="With --ray: the cluster to join (default: RAY_ADDRESS, else"
                   " a local Ray instance).")
-    def serve(bundle, host, port, model_name, max_body_bytes, shutdown_timeout, threads, log_level, use_ray, replicas,
-              autoscale, replica_cpus, replica_gpus, ray_address) -> None:
+    def serve(bundle, host, port, model_name, max_body_bytes, shutdown_timeout, threads, log_level, batch, use_ray,
+              replicas, autoscale, replica_cpus, replica_gpus, ray_address) -> None:
         """Serve a bundle over HTTP with OpenAI's API: /v1/chat/completions and /v1/completions (streaming or
         not), /v1/models, /health. One request runs at a time, the others wait their turn. specexport's options
         (mode, tree, policy, ...) go in the request's "specexport" object."""
+        if use_ray and batch:
+            raise click.BadParameter("--batch does not run under --ray yet; drop one of them", param_hint="--batch")
         if use_ray:
             _serve_on_ray(bundle, host, port, model_name, max_body_bytes, shutdown_timeout, threads, replicas,
                           autoscale, replica_cpus, replica_gpus, ray_address)
@@ -62,7 +67,7 @@ def register(main: click.Group) -> None:
             use_shared_thread_pool(threads or os.cpu_count())  # the pieces run one after another: one warm pool
         session = load(bundle, threads=threads)
         run_server(session, host=host, port=port, model_name=model_name, max_body_bytes=max_body_bytes,
-                   shutdown_timeout=shutdown_timeout, log_level=log_level)
+                   shutdown_timeout=shutdown_timeout, log_level=log_level, batch=batch)
 
 
 def _autoscaling(spec: str | None) -> dict | None:

@@ -27,10 +27,16 @@ MAX_BODY_BYTES = 4 << 20  # a context's worth of text many times over; a body pa
 
 
 def create_app(session: Session, model_name: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
-               shutdown_timeout: float = 30.0) -> Starlette:
-    """An app serving `session` one request at a time (the rest wait their turn, in order)."""
+               shutdown_timeout: float = 30.0, batch: int | None = None) -> Starlette:
+    """An app serving `session` one request at a time (the rest wait their turn, in order), or with `batch` up
+    to that many at once through the runtime's batched scheduler (serve/batch_worker.py)."""
     model = ModelInfo.of(session, model_name)
-    worker = Worker(session)
+    if batch:
+        from .batch_worker import BatchWorker
+
+        worker: Worker | BatchWorker = BatchWorker(session, batch)
+    else:
+        worker = Worker(session)
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", "model": model.name, **worker.counters.as_dict()})

@@ -31,12 +31,13 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def serve(session: Session, host: str = "127.0.0.1", port: int = 8000, model_name: str | None = None,
-          max_body_bytes: int = MAX_BODY_BYTES, shutdown_timeout: float = 30.0, log_level: str = "info") -> None:
+          max_body_bytes: int = MAX_BODY_BYTES, shutdown_timeout: float = 30.0, log_level: str = "info",
+          batch: int | None = None) -> None:
     """Serves `session` until SIGINT or SIGTERM. On SIGTERM the server stops accepting connections, lets the
     requests in flight finish for up to `shutdown_timeout` seconds, cancels the rest, and returns."""
     import uvicorn
 
-    app = create_app(session, model_name, max_body_bytes, shutdown_timeout)
+    app = create_app(session, model_name, max_body_bytes, shutdown_timeout, batch)
     sock = bind(host, port)
     bound = sock.getsockname()[1]
     config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=shutdown_timeout, lifespan="on")

@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGES = {
     "runtime": "specexport/runtime",
     "runtime/backends": "specexport/runtime/backends",
+    "runtime/batching": "specexport/runtime/batching",
     "exporter": "specexport/exporter",
     "exporter/tensorrt": "specexport/exporter/tensorrt",
     "exporter/training": "specexport/exporter/training",

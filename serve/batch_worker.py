@@ -1,0 +1,107 @@
+"""`--batch N`: the Worker's interface over the runtime's batched scheduler, so up to N requests decode at
+once, verified together in batched `deep` calls (runtime/batching; a standard-flavour bundle, modes ar and
+lookup). Each request's text is relayed to its Run by a thread of its own, which blocks on the request's
+tokens; cancelling the Run (a client that left, shutdown) cancels the request, freeing its cache row."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+
+from ..runtime import OptionError, Session, SpecExportError
+from ..runtime.batching import BatchRequest, BatchScheduler, BatchTextStream
+from .errors import APIError
+from .protocol import GenerationRequest
+from .worker import Counters, Failure, Outcome, Run
+
+log = logging.getLogger("specexport.serve")
+
+
+class BatchRun(Run):
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
+        self.request: BatchRequest | None = None
+
+    def cancel(self) -> None:
+        super().cancel()
+        if self.request is not None:
+            self.request.cancel()
+
+
+class BatchWorker:
+    def __init__(self, session: Session, max_batch: int) -> None:
+        self.session = session
+        self.scheduler = BatchScheduler(session, max_batch=max_batch)
+        self.counters = Counters()
+        self._runs: set[BatchRun] = set()
+        self._threads: set[threading.Thread] = set()
+        self._closed = False
+
+    def submit(self, request: GenerationRequest) -> Run:
+        if self._closed:
+            raise APIError(503, "the server is shutting down; send the request again later", None, "shutting_down")
+        run = BatchRun(asyncio.get_running_loop())
+        thread = threading.Thread(target=self._relay, args=(run, request), name="specexport-relay", daemon=True)
+        with self.counters._lock:
+            self.counters.queued += 1
+            self._runs.add(run)
+            self._threads.add(thread)
+        thread.start()
+        return run
+
+    def close(self, timeout: float) -> None:
+        """Cancels what is still waiting or running, waits (up to `timeout` seconds) for the relays, and stops
+        the scheduler."""
+        self._closed = True
+        with self.counters._lock:
+            runs, threads = list(self._runs), list(self._threads)
+        for run in runs:
+            run.cancel()
+        for thread in threads:
+            thread.join(timeout)
+        self.scheduler.close()
+
+    def _relay(self, run: BatchRun, request: GenerationRequest) -> None:
+        counters = self.counters
+        with counters._lock:
+            counters.queued -= 1
+            counters.running += 1
+        try:
+            try:
+                run.request = self.scheduler.submit(request.prompt_ids, **dataclasses.asdict(request.options))
+            except OptionError as exc:  # a mode the batched scheduler does not run: the client's to change
+                self._fail(run, Failure(str(exc), client=True))
+                return
+            if run.cancelled:  # left before its request existed: cancel() could not reach it
+                run.request.cancel()
+            stream = BatchTextStream(run.request, self.session.codec)
+            for delta in stream:
+                run.post("text", delta)
+            cancelled = stream.finish_reason in ("cancelled", None) or run.cancelled
+            reason = stream.finish_reason if stream.finish_reason in ("eos", "stop", "length") else "length"
+            outcome = Outcome(stream.text, run.request.tokens, reason, run.request.stats, cancelled)
+            with counters._lock:
+                counters.generated_tokens += len(outcome.token_ids)
+                if cancelled:
+                    counters.cancelled += 1
+                    counters.last_cancelled_tokens = len(outcome.token_ids)
+                else:
+                    counters.completed += 1
+            run.post("done", outcome)
+        except SpecExportError as exc:  # the batched step failed: the server's failure, not the request's
+            self._fail(run, Failure(str(exc), client=False))
+        except Exception as exc:
+            log.exception("generation failed")
+            self._fail(run, Failure(f"generation failed: {type(exc).__name__}: {exc}", client=False))
+        finally:
+            with counters._lock:
+                counters.running -= 1
+                self._runs.discard(run)
+                self._threads.discard(threading.current_thread())
+
+    def _fail(self, run: Run, failure: Failure) -> None:
+        with self.counters._lock:
+            self.counters.failed += 1
+        run.post("error", failure)
