@@ -36,20 +36,21 @@ def _built(out, checkpoint, context):
     return load_bundle(out)
 
 
+def _engines(tmp_path_factory, checkpoint, context: int):
+    """Engines of a tiny bundle at ``context``, their timing cache in a folder of their own."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECEXPORT_CACHE", str(tmp_path_factory.mktemp("timing")))
+        return _built(tmp_path_factory.mktemp(f"mem{context}") / "b", checkpoint, context)
+
+
 @pytest.fixture(scope="module")
 def engines_128(tmp_path_factory, tiny_checkpoint):
-    cache = tmp_path_factory.mktemp("timing")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SPECEXPORT_CACHE", str(cache))
-        return _built(tmp_path_factory.mktemp("mem128") / "b", tiny_checkpoint, 128)
+    return _engines(tmp_path_factory, tiny_checkpoint, 128)
 
 
 @pytest.fixture(scope="module")
 def engines_512(tmp_path_factory, tiny_checkpoint):
-    cache = tmp_path_factory.mktemp("timing")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SPECEXPORT_CACHE", str(cache))
-        return _built(tmp_path_factory.mktemp("mem512") / "b", tiny_checkpoint, 512)
+    return _engines(tmp_path_factory, tiny_checkpoint, 512)
 
 
 def _open(bundle, name="deep"):
