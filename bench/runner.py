@@ -82,10 +82,8 @@ def thread_pool() -> str:
 def _checkpoint(manifest: Manifest) -> Path | None:
     """The bundle's source checkpoint on this machine, found by the hash its manifest records (the HF and
     ORT GenAI baselines start from it)."""
-    try:
-        from ..exporter.model_source import find_checkpoint
-    except ImportError:  # without the exporter's extra there is no checkpoint cache either
-        return None
+    from ..exporter.model_source import find_checkpoint
+
     return find_checkpoint(manifest.provenance.source_sha256)
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..runtime.errors import SpecExportError
+from ..runtime.manifest import sha256_file
 from ..runtime.paths import cache_dir
 
 # model_type -> the families it covers; what verified each is in the README's supported-models table
@@ -30,14 +31,6 @@ class ModelSource:
     origin: Path  # what the user pointed at: a directory or a file
     origin_sha256: str  # of the GGUF file, or of the checkpoint's weight files
     description: str
-
-
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def default_model_file(package: str, version: str, file: str) -> Path:

@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from ...runtime.errors import SpecExportError
+from ...runtime.manifest import sha256_file
 from .. import model_source
-from ..model_source import ModelSource, sha256_file
+from ..model_source import ModelSource
 from ..recipe import recipes_dir
 from ..tokenizer_match import load_tokenizer, require_same_tokenizer
 from .fit_drafter import DRAFTER_FILE, KIND, is_trained_drafter, load_drafter, read_meta
