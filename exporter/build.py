@@ -205,6 +205,7 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
     _check_precision(precision, flavour, None, None)  # the recipe's precision and flavour, too
     # the recipe's [export.quantize] may override the measured defaults (quantize.QuantSpec's fields)
     qspec = quantize.spec_for(precision, **exp.get("quantize", {}))
+    padding = multirow.padding_for(precision, flavour, exp.get("one_row_padding"))
     context = int(exp.get("context", 2048))
     opset = OPSET if trt_target is None else trt_target["tensorrt"]["opset"]
     stages = tqdm(total=7, desc="build", unit="stage", file=sys.stderr, disable=None)
@@ -227,8 +228,10 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
         info: dict = {}
         if qspec is not None:
             graph, info["quantization"] = quantize.quantize_model(graph, qspec)
-        if output_path and multirow.pad_one_row_calls(graph):
+        if output_path and padding == "piece" and multirow.pad_one_row_calls(graph):
             info["min_rows"] = 2
+        elif output_path and padding == "attention":
+            multirow.pad_one_row_attention(graph)
         return graph, info
 
     def add_draft_piece(name: str, graph, vocab_map: np.ndarray | None, vocab_file: str, **fields) -> None:

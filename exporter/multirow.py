@@ -1,20 +1,22 @@
-"""Every call of an output-path piece runs at least two rows, so verification is AR's arithmetic to the bit.
+"""One-token calls of the output-path pieces made to round as rows of a verification call.
 
-ONNX Runtime's CPU kernels take another path for a one-row call than for a multi-row one: MLAS's GEMV for
-the probabilities x V product inside GroupQueryAttention, and (ORT 1.32, AVX2) MatMulNBits' int4 kernels at
-every accuracy level. The two paths round the last bit differently, while calls of 2, 3, ... 40 rows agree
-bit for bit row by row (measured). In fp32 that stays ~1e-6 in the logits; int8 activations
-(accuracy_level 4) turn such a bit into a different rounding step and, after 28 layers, into logit
-differences of ~1: verifying k drafts in one call would disagree with k one-token AR calls, and a
-speculative mode would drift from AR within a few dozen tokens at int8 (BENCHMARKS.md).
+ONNX Runtime's CPU kernels may take another path for a one-row call than for a multi-row one: MLAS's GEMV
+for the probabilities x V product inside GroupQueryAttention (everywhere measured), and on some CPUs
+MatMulNBits' int4 kernels (an AVX2 x86 without VNNI; not an AVX-512 VNNI EPYC). The two paths round the
+last bit differently, while calls of 2, 3, ... 40 rows agree bit for bit row by row (measured). In fp32
+that stays ~1e-6 in the logits; int8 activations (accuracy_level 4) turn such a bit into a different
+rounding step and, after 28 layers, into logit differences of ~1: verifying k drafts in one call would
+disagree with k one-token AR calls, and a speculative mode would drift from AR (BENCHMARKS.md).
 
-So a one-row call gets a copy of its row appended at the piece's input and every op sees two rows; the
-copy is dropped from the outputs. In ONNX Runtime's graphs it takes the next position and cache slot,
-which the next call writes before anything reads it (attention never reads past a query's own position);
-with no free slot (the context is full) nothing is appended, and both AR and speculative modes make that
-same one-row call. In the standard graphs it is the same row at the same position and slot. The LM head
-likewise always reads at least two rows: `logits_to_keep` is widened inside the graph and the logits
-trimmed back.
+So a one-row call gets a copy of its row appended, and the copy is dropped from the outputs: in front of
+each GroupQueryAttention only (`pad_one_row_attention`, the `ort` flavour: the runtime checks the rest of
+the arithmetic on the machine that runs it, runtime/row_padding.py), or at the piece's input so every op
+sees two rows (`pad_one_row_calls`, the standard flavour). In ONNX Runtime's graphs the copy takes the
+next position and cache slot, which the next call writes before anything reads it (attention never reads
+past a query's own position); with no free slot (the context is full) nothing is appended, and both AR
+and speculative modes make that same one-row call. In the standard graphs it is the same row at the same
+position and slot, and the LM head also reads at least two rows (`logits_to_keep` widened inside the
+graph, the logits trimmed back).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+
+from ..runtime.errors import SpecExportError
 
 CONTROL = ("position_ids", "seqlens_k", "total_sequence_length", "attention_bias", "logits_to_keep")
 
@@ -116,3 +120,104 @@ def pad_one_row_calls(model: onnx.ModelProto) -> bool:
     del graph.node[:]
     graph.node.extend(nodes)
     return True
+
+
+def pad_one_row_attention(model: onnx.ModelProto) -> bool:
+    """Rewrite an `ort`-flavour shallow or deep piece in place so each GroupQueryAttention sees at least two
+    query rows, leaving every other op at the call's own rows; False (unchanged) for a graph without GQA.
+
+    Where the weight MatMul kernels round a one-row call as they round a row of a multi-row call (checked
+    at load by runtime/row_padding.py), GQA's probabilities x V product (MLAS's GEMV) is the one place
+    where a one-row call leaves verification's arithmetic, and padding only there keeps every weight MatMul
+    and the LM head at one row in plain decoding. The copy is made as in pad_one_row_calls: it takes the
+    next position and cache slot, or nothing when the cache is full."""
+    graph = model.graph
+    attention = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
+    inputs = {i.name for i in graph.input}
+    if not attention or not {"past_key.0", "seqlens_k", "total_sequence_length"} <= inputs:
+        return False
+    primary = next(n for n in ("hidden_in", "input_ids") if n in inputs)
+    prelude: list[onnx.NodeProto] = []
+
+    def const(name: str, value, dtype) -> str:
+        graph.initializer.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
+        return name
+
+    def node(op: str, ins: list[str], out: str, **attrs) -> str:
+        prelude.append(helper.make_node(op, ins, [out], name=out, **attrs))
+        return out
+
+    axis1 = const("mr_axis1", [1], np.int64)
+    rows = node("Gather", [node("Shape", [primary], "mr_shape"), axis1], "mr_rows", axis=0)  # [1] int64
+    single = node("Cast", [node("Equal", [rows, const("mr_one64", [1], np.int64)], "mr_is_single")],
+                  "mr_single", to=7)
+    used = node("Cast", [node("Reshape", ["total_sequence_length", axis1], "mr_total1")], "mr_used", to=7)
+    cache = node("Gather", [node("Shape", ["past_key.0"], "mr_kv_shape"), const("mr_axis2", [2], np.int64)],
+                 "mr_cache", axis=0)
+    room = node("Min", [node("Sub", [cache, used], "mr_room"), const("mr_one", [1], np.int64)], "mr_room1")
+    extra64 = node("Mul", [room, single], "mr_extra64")  # [1] int64: 0 or 1 row appended
+    start = node("Sub", [rows, extra64], "mr_start")
+    extra = node("Cast", [node("Reshape", [extra64, const("mr_scalar", [], np.int64)], "mr_extra_s")],
+                 "mr_extra", to=6)
+    seqlens = node("Add", ["seqlens_k", extra], "mr_seqlens")
+    total = node("Add", ["total_sequence_length", extra], "mr_total")
+    positions = node("Concat", ["position_ids", node("Add", [
+        node("Slice", ["position_ids", start, rows, axis1], "mr_pos_last"), const("mr_step", 1, np.int64)],
+        "mr_pos_next")], "mr_positions", axis=1)
+    pads = node("Concat", [const("mr_pads0", [0] * 6, np.int64), extra64, extra64], "mr_pads", axis=0)
+    zero = const("mr_zero", [0], np.int64)
+    biases: dict[str, str] = {}  # each distinct bias (a sliding window's is another), padded once
+    rewritten: list[onnx.NodeProto] = []
+    for i, gqa in enumerate(graph.node):
+        if gqa.op_type != "GroupQueryAttention":
+            rewritten.append(gqa)
+            continue
+        for j in range(3):  # packed qkv, or q, k and v apart (models with q/k norms)
+            if j < len(gqa.input) and gqa.input[j]:
+                name = gqa.input[j]
+                rewritten.append(helper.make_node("Slice", [name, start, rows, axis1], [f"mr_copy_{i}_{j}"],
+                                                  name=f"mr_copy_{i}_{j}"))
+                rewritten.append(helper.make_node("Concat", [name, f"mr_copy_{i}_{j}"], [f"mr_in_{i}_{j}"],
+                                                  name=f"mr_in_{i}_{j}", axis=1))
+                gqa.input[j] = f"mr_in_{i}_{j}"
+        out = gqa.output[0]
+        gqa.input[5], gqa.input[6], gqa.output[0] = seqlens, total, f"mr_attn_{i}"
+        if len(gqa.input) > 9 and gqa.input[9]:
+            gqa.input[9] = positions
+        if len(gqa.input) > 10 and gqa.input[10]:
+            # a zero row and column for the copy: its output is dropped, and GQA's causal mask hides its key
+            bias = gqa.input[10]
+            if bias not in biases:
+                biases[bias] = f"mr_bias_{len(biases)}"
+                rewritten.append(helper.make_node("Pad", [bias, pads], [biases[bias]], name=biases[bias],
+                                                  mode="constant"))
+            gqa.input[10] = biases[bias]
+        rewritten.append(gqa)
+        rewritten.append(helper.make_node("Slice", [f"mr_attn_{i}", zero, rows, axis1], [out],
+                                          name=f"mr_trim_{i}"))
+    del graph.node[:]
+    graph.node.extend(prelude + rewritten)
+    return True
+
+
+PADDINGS = ("piece", "attention", "none")
+
+
+def padding_for(precision: str, flavour: str, asked: str | None = None) -> str:
+    """Which one-row calls a build pads: `piece` (every op of shallow and deep, pad_one_row_calls) or
+    `attention` (GroupQueryAttention alone, pad_one_row_attention). The `ort` flavour takes `attention`:
+    whether its weight MatMuls round a one-row call as a row of many depends on the machine that runs it
+    (MLAS's int4 kernels did not on one x86 CPU and do on another: BENCHMARKS.md), so the runtime checks
+    that at load and pads one-row calls itself where they do not (runtime/row_padding.py), and plain
+    decoding keeps one-row weight MatMuls wherever they are exact. The standard flavour (TensorRT engines,
+    whose kernels cannot be probed before a GPU runs them) takes `piece`. A recipe's [export]
+    one_row_padding overrides the choice; `none` leaves all of it to the runtime's check."""
+    if asked is not None:
+        if asked not in PADDINGS:
+            raise SpecExportError(f"recipe [export] one_row_padding is {asked!r}; use one of {', '.join(PADDINGS)}")
+        if asked != "piece" and flavour != "ort":
+            raise SpecExportError(f"recipe [export] one_row_padding = {asked!r} needs the 'ort' graph flavour,"
+                                  " whose one-row calls the runtime checks at load; drop it or build with"
+                                  " --flavour ort")
+        return asked
+    return "attention" if flavour == "ort" else "piece"

@@ -21,6 +21,7 @@ from .drafters import (
 from .errors import SpecExportError
 from .options import Limits, Options, make_options
 from .policies import CostModel, measure_cost
+from .row_padding import TwoRowCalls, pad_if_needed
 from .sampling import SamplingParams
 from .stats import Stats
 from .text import Detokenizer, TextCodec, check_prompt_fits
@@ -61,8 +62,12 @@ def _open_pieces(bundle: Bundle, backend: str, providers: list[str] | None,
         vocab = spec.draft_vocab if spec is not None else None
         return np.load(bundle.root / vocab.file, allow_pickle=False) if vocab else None
 
-    return Pieces(**opened, draft_vocab=pruned_vocab("adapter"), drafter_vocab=pruned_vocab("drafter"),
-                  vocab_size=bundle.manifest.model.dims.vocab)
+    pieces = Pieces(**opened, draft_vocab=pruned_vocab("adapter"), drafter_vocab=pruned_vocab("drafter"),
+                    vocab_size=bundle.manifest.model.dims.vocab)
+    min_rows = min(bundle.pieces["shallow"].min_rows, bundle.pieces["deep"].min_rows)
+    # one-row calls must round as verification rows on this machine, or the session pads them itself
+    pad_if_needed(pieces, bundle.manifest.model.dims.vocab, min_rows, bundle.max_context)
+    return pieces
 
 
 class Session:
@@ -87,6 +92,16 @@ class Session:
         self._holder: int | None = None  # the thread whose request has the turn
 
     # -- public API -------------------------------------------------------------------------------
+
+    @property
+    def one_row_calls(self) -> str:
+        """How a one-token call of shallow and deep keeps verification's arithmetic: `graph` (the pieces
+        pad every op), `attention` (they pad attention alone, and this machine's kernels round the rest of
+        a one-row call as a row of many), or `session` (they do not round alike here: the session runs such
+        calls as two rows)."""
+        if isinstance(self.pieces.deep, TwoRowCalls):
+            return "session"
+        return "graph" if self.bundle.pieces["deep"].min_rows >= 2 else "attention"
 
     def options(self, **overrides) -> Options:
         """The bundle's generation defaults with `overrides` (None: keep the default), checked: a bad value

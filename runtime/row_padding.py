@@ -1,0 +1,70 @@
+"""One-row calls that round as rows of a verification call, checked on the machine that runs them.
+
+A bundle's output-path pieces (`shallow`, `deep`) must compute a token of a one-row AR call bit for bit as
+that token's row of a many-row verification call, or speculative output leaves AR's. Which kernels round a
+one-row call differently depends on the machine as much as on the bundle: the exporter pads every op of a
+piece where it knows they do (int4 MatMulNBits, the standard graphs: manifest `min_rows` 2), and only
+GroupQueryAttention where it measured that the weight MatMuls do not (fp32 MatMul and int8 MatMulNBits on
+x86 MLAS: `min_rows` 1). Another CPU's kernels (ARM's KleidiAI, an AVX-512 VNNI path) or a GPU provider may
+round otherwise, so a session with `min_rows` 1 pieces compares one-row calls with rows of a three-row call
+once at load (`one_row_calls_match`), and where they differ runs every one-row call as two rows itself
+(`TwoRowCalls`: the graph-side padding of exporter/multirow.py, done from outside the graph).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .backends.common import DeviceStates
+from .decode import Pieces, ids_array
+
+PROBE_TOKENS = 6
+
+
+def probe_ids(vocab: int) -> list[int]:
+    # unremarkable ids spread over the vocabulary: the kernels' paths depend on shapes, not values
+    return [(k * vocab) // (PROBE_TOKENS + 1) + k for k in range(1, PROBE_TOKENS + 1)]
+
+
+def one_row_calls_match(pieces: Pieces, vocab: int) -> bool:
+    """True when the last token's logits from a call of PROBE_TOKENS rows equal, bit for bit, those of a
+    call of the others followed by a one-row call (through shallow and deep)."""
+    ids = probe_ids(vocab)
+    last = len(ids) - 1
+    whole = pieces.deep.run(pieces.shallow.run(ids_array(ids), 0)["hidden"], 0, keep=1)["logits"].copy()
+    pieces.deep.run(pieces.shallow.run(ids_array(ids[:last]), 0)["hidden"], 0, keep=1)
+    single = pieces.deep.run(pieces.shallow.run(ids_array(ids[last:]), last)["hidden"], last, keep=1)["logits"]
+    return bool(np.array_equal(whole, single))
+
+
+class TwoRowCalls:
+    """A piece whose one-row calls run as two rows: the row and a copy of it at the next position (its
+    keys and values land in the next cache slot, which the next call writes before anything reads it); the
+    copy's results are dropped. With the context full there is no next slot and the call stays one row,
+    as the graph-side padding does. Everything else is the wrapped piece's."""
+
+    def __init__(self, piece, max_context: int) -> None:
+        self.piece, self.max_context = piece, max_context
+
+    def __getattr__(self, name: str):
+        return getattr(self.piece, name)
+
+    def run(self, x, start: int, keep: int = 1, tree=None) -> dict:
+        if x.shape[1] != 1 or tree is not None or start + 2 > self.max_context:
+            return self.piece.run(x, start, keep, tree)
+        if isinstance(x, DeviceStates):  # the store's next row: the copy's state when shallow was padded too
+            both = DeviceStates(x.store, x.first, 2)
+        else:
+            both = np.concatenate([x, x], axis=1)
+        results = self.piece.run(both, start, 2 if keep >= 1 else keep)
+        return {name: value[:, :1] for name, value in results.items()}
+
+
+def pad_if_needed(pieces: Pieces, vocab: int, min_rows: int, max_context: int) -> bool:
+    """Wraps shallow and deep in TwoRowCalls when their one-row calls leave a verification call's
+    arithmetic on this machine; True when it did. Pieces that pad in the graph (min_rows 2) are left."""
+    if min_rows >= 2 or max_context < PROBE_TOKENS + 1 or one_row_calls_match(pieces, vocab):
+        return False
+    pieces.shallow = TwoRowCalls(pieces.shallow, max_context)
+    pieces.deep = TwoRowCalls(pieces.deep, max_context)
+    return True
