@@ -82,6 +82,7 @@ class SpecExportSystem(System):
         self.label = "specexport AR" if mode == "ar" else " · ".join([f"specexport {mode}", *variant])
         self.precision = session.bundle.manifest.precision
         self.note = note or (f"ONNX Runtime, intra-op threads: {threads}" if threads else "ONNX Runtime")
+        self.note += f"; one-token calls padded: {session.one_row_calls}"
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int) -> RunResult:
         t0 = time.perf_counter()
