@@ -31,7 +31,7 @@ from ..errors import SpecExportError
 from ..options import Limits, OptionError, Options, make_options
 from ..sampling import SamplingParams
 from ..text import TextCodec, check_prompt_fits
-from .goodput import BatchCost, speculation_length
+from .goodput import BatchCost, Offer, plan
 from .order import AdmissionQueue
 from .request import BatchRequest, Row
 from .rows import BatchedPiece, check_batchable
@@ -194,10 +194,9 @@ class BatchScheduler:
     def _step(self, rows: list[Row]) -> None:
         t0 = time.perf_counter()
         room = min(self.bundle.max_context - len(r.history) for r in rows)  # each row's last draft needs a slot
-        offered = [r.propose(room) for r in rows]
-        k = speculation_length(offered, [r.alpha for r in rows], self.cost)
-        for r in rows:
-            r.cut(k)
+        offers = [[Offer("lookup", d, r.alpha)] if (d := r.propose(room)) else [] for r in rows]
+        for r, choice in zip(rows, plan(offers, self.cost), strict=True):
+            r.cut(choice[1] if choice else 0)
         t1 = time.perf_counter()
         news = step(self.pieces, rows)
         t2 = time.perf_counter()
