@@ -16,8 +16,6 @@ from specexport.runtime.drafters import ModelDrafter, SelfDrafter
 from specexport.runtime.policies import ConfidencePolicy
 from specexport.runtime.sampling import SamplingParams
 
-from .conftest import make_noisy_drafter
-
 PROMPTS = ["the quick brown fox", "write a haiku about the sea and the quick brown fox jumps over the lazy dog",
            "a hash table maps keys to values a hash table maps keys to", "what is seventeen times twenty three",
            "explain how a hash table works"]
@@ -30,21 +28,8 @@ COST = BatchCost(fixed_s=4e-4, per_row_s=7e-5, per_token_s=2e-5,
 
 
 @pytest.fixture(scope="module")
-def bundle(tiny_checkpoint, tmp_path_factory):
-    """The tiny target, standard flavour, with an (untrained) adapter and a drafter piece (the target with
-    1% weight noise: it agrees about half the time)."""
-    from specexport.exporter.build import build_bundle
-
-    root = tmp_path_factory.mktemp("batch-drafting")
-    make_noisy_drafter(tiny_checkpoint, root / "drafter")
-    build_bundle(root / "b", model=str(tiny_checkpoint), drafter=str(root / "drafter"), adapter="untrained",
-                 exit_layer=2, context=256, flavour="standard")
-    return root / "b"
-
-
-@pytest.fixture(scope="module")
-def session(bundle):
-    return load(bundle)
+def session(drafting_bundle):
+    return load(drafting_bundle)
 
 
 @pytest.fixture(scope="module")
