@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from .drafting import DrafterCache
 
 _END = object()
+PROBE_EVERY = 8  # steps without drafts after which a row drafts one token
+REVISIT = 32  # steps after which a source the row did not draft with drafts one token
 
 
 class BatchRequest:
@@ -110,7 +112,9 @@ class Row:
     draft: Draft = field(default_factory=lambda: Draft([]))  # the step's drafts, as verified
     source: str | None = None  # what drafted this step's `draft`
     limit: int = 0  # the most drafts this step takes (the plan's)
-    idle: int = 0  # steps in a row without drafts, for the probe
+    steps: int = 0
+    idle: int = 0  # steps in a row without drafts
+    judged: dict[str, int] = field(default_factory=dict)  # source -> the step its drafts were last judged
 
     @property
     def sources(self) -> tuple[str, ...]:
@@ -131,14 +135,30 @@ class Row:
         offers += [Offer(s, min(self.gamma, room), self.alpha[s]) for s in ("model", "self") if s in self.alpha]
         return offers
 
+    def probed(self, offers: list[Offer], choice: Choice) -> Choice:
+        """The plan's choice for the row, unless an estimate needs a fresh look: after PROBE_EVERY steps without
+        drafts the row drafts one token from its most promising source, and a source it has not drafted with
+        for REVISIT steps (auto) drafts one token. An estimate that fell low, or a source the plan never picked,
+        would otherwise never be judged again (one request's goodput policy and auto look again likewise)."""
+        if not offers:
+            return choice
+        if choice is None and self.idle >= PROBE_EVERY:
+            return max(offers, key=lambda o: o.alpha), 1
+        stale = [o for o in offers if self.steps - self.judged.setdefault(o.source, self.steps) >= REVISIT]
+        if stale and (choice is None or choice[0].source != stale[0].source):
+            return stale[0], 1
+        return choice
+
     def take(self, choice: Choice) -> None:
         """Sets the step's source and draft limit from the plan; lookup's drafts are cut to it at once, a
         model's are drafted after (runtime/batching/drafting.py)."""
+        self.steps += 1
         if choice is None:
             self.idle += 1
             return
         offer, k = choice
         self.source, self.limit, self.idle = offer.source, k, 0
+        self.judged[offer.source] = self.steps
         if offer.source == "lookup":
             d = self.lookup_draft
             self.draft = Draft(d.tokens[:k], d.qs[:k] if d.qs else None)

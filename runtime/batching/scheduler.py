@@ -41,7 +41,7 @@ from ..policies import ConfidencePolicy
 from ..sampling import SamplingParams
 from ..text import TextCodec, check_prompt_fits
 from .drafting import DrafterCache, DraftHead, draft_with_adapter, draft_with_drafter
-from .goodput import BatchCost, Choice, DraftCost, Offer, plan
+from .goodput import BatchCost, DraftCost, plan
 from .order import AdmissionQueue
 from .request import BatchRequest, Row
 from .rows import BatchedPiece, check_batchable
@@ -55,7 +55,6 @@ MODE_SOURCES = {"ar": (), "lookup": ("lookup",), "model": ("model",), "self": ("
 SOURCE_PIECES = {"model": "drafter", "self": "adapter"}
 BATCH_MODES = (*MODE_SOURCES, "auto")
 ALPHA_PRIOR = 0.5
-PROBE_EVERY = 8  # steps without drafts after which a drafting row drafts one token, to look at its acceptance again
 
 
 class BatchScheduler:
@@ -231,8 +230,8 @@ class BatchScheduler:
         t0 = time.perf_counter()
         room = min(self.bundle.max_context - len(r.history) for r in rows)  # each row's last draft needs a slot
         offers = [r.offers(room) for r in rows]
-        for row, choice in zip(rows, probed(rows, offers, plan(offers, self.cost)), strict=True):
-            row.take(choice)
+        for row, row_offers, choice in zip(rows, offers, plan(offers, self.cost), strict=True):
+            row.take(row.probed(row_offers, choice))
         by_drafter = [r for r in rows if r.source == "model"]
         if by_drafter:
             draft_with_drafter(self.pieces.drafter, by_drafter)
@@ -301,9 +300,3 @@ class BatchScheduler:
                    if s in drafting_calls and s not in cost.drafting}
         return dataclasses.replace(cost, drafting={**cost.drafting, **missing}) if missing else cost
 
-
-def probed(rows: list[Row], offers: list[list[Offer]], choices: list[Choice]) -> list[Choice]:
-    """The plan, but a row that has drafted nothing for PROBE_EVERY steps drafts one token from its most
-    promising source: without a verdict now and then, an estimate that fell low would never rise again."""
-    return [(max(o, key=lambda x: x.alpha), 1) if c is None and o and r.idle >= PROBE_EVERY else c
-            for r, o, c in zip(rows, offers, choices, strict=True)]
