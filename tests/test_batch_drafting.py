@@ -140,6 +140,17 @@ def test_a_cancelled_model_request_frees_its_row(session, expected):
         assert first.finish_reason == "cancelled" and len(first.tokens) < 200
 
 
+def test_drafting_rows_at_the_context_end_equal_ar(session):
+    """Prompts near the context (256): a drafting model's chain and its catch-up never run past it."""
+    long = session.codec.encode(" ".join(["a hash table maps keys to values"] * 40))[:230]
+    want = session.generate_ids(long, mode="ar", max_new_tokens=100).tokens
+    with BatchScheduler(session, max_batch=3, cost=COST) as scheduler:
+        requests = [scheduler.submit(long, mode=mode, max_new_tokens=100, eta=0.0)
+                    for mode in ("model", "self", "auto")]
+        for request in requests:
+            assert request.result() == want and len(want) == 256 - 230, request.opts.mode
+
+
 def test_modes_the_scheduler_does_not_run_are_refused(session, tiny_bundles):
     with BatchScheduler(session, max_batch=1, cost=COST) as scheduler:
         with pytest.raises(OptionError, match="mode 'hier'"):
