@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--time-limit", type=float, default=300.0, help="seconds per cell before no new request")
     ap.add_argument("--modes", default="auto", help="one-at-a-time modes besides ar (the best one: auto)")
-    ap.add_argument("--batch-modes", default="ar,lookup")
+    ap.add_argument("--batch-modes", default="ar,lookup,model,self,auto")
     ap.add_argument("--max-batch", type=int, default=None, help="cache rows (default: the most clients)")
     ap.add_argument("--http", action="store_true", help="drive `specexport serve` processes over HTTP")
     ap.add_argument("--out", default="reports/load.json")

@@ -7,6 +7,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from .errors import SpecExportError
 from .manifest import MANIFEST, Manifest, ManifestError, Piece, manifest_digest, sha256_file
 
@@ -30,6 +32,13 @@ class Bundle:
     @property
     def max_context(self) -> int:
         return self.manifest.max_context
+
+    def draft_vocab(self, name: str) -> np.ndarray | None:
+        """The token ids a drafting piece's pruned head covers (FR-Spec), in its logits' order; None when the
+        piece is absent or its head keeps the whole vocabulary."""
+        spec = self.pieces.get(name)
+        vocab = spec.draft_vocab if spec is not None else None
+        return np.load(self.root / vocab.file, allow_pickle=False) if vocab else None
 
 
 def read_manifest_text(root: Path) -> bytes:

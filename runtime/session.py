@@ -56,13 +56,7 @@ def _open_pieces(bundle: Bundle, backend: str, providers: list[str] | None,
     else:
         raise SpecExportError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
     opened = {name: open_piece(name) for name in bundle.pieces}
-
-    def pruned_vocab(piece: str) -> np.ndarray | None:  # FR-Spec: the ids a pruned draft head covers
-        spec = bundle.pieces.get(piece)
-        vocab = spec.draft_vocab if spec is not None else None
-        return np.load(bundle.root / vocab.file, allow_pickle=False) if vocab else None
-
-    pieces = Pieces(**opened, draft_vocab=pruned_vocab("adapter"), drafter_vocab=pruned_vocab("drafter"),
+    pieces = Pieces(**opened, draft_vocab=bundle.draft_vocab("adapter"), drafter_vocab=bundle.draft_vocab("drafter"),
                     vocab_size=bundle.manifest.model.dims.vocab)
     min_rows = min(bundle.pieces["shallow"].min_rows, bundle.pieces["deep"].min_rows)
     # one-row calls must round as verification rows on this machine, or the session pads them itself

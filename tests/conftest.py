@@ -109,6 +109,19 @@ def tiny_bundles(tmp_path_factory, tiny_checkpoint):
     return build
 
 
+@pytest.fixture(scope="session")
+def drafting_bundle(tmp_path_factory, tiny_checkpoint) -> Path:
+    """The tiny target, standard flavour (it batches), with an untrained adapter and a drafter piece (the
+    target with 1% weight noise, which agrees with it about half the time)."""
+    from specexport.exporter.build import build_bundle
+
+    root = tmp_path_factory.mktemp("drafting-bundle")
+    make_noisy_drafter(tiny_checkpoint, root / "drafter")
+    build_bundle(root / "b", model=str(tiny_checkpoint), drafter=str(root / "drafter"), adapter="untrained",
+                 exit_layer=2, context=256, flavour="standard")
+    return root / "b"
+
+
 def exporter_fingerprint() -> str:
     """Changes whenever the exporter, the manifest's schema or the default recipe does, so the cached bundle is
     rebuilt."""

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from specexport.runtime import OptionError, SpecExportError, load
 from specexport.runtime.batching import BatchScheduler
-from specexport.runtime.batching.goodput import BatchCost, speculation_length
+from specexport.runtime.batching.goodput import BatchCost, Offer, plan
 from specexport.runtime.batching.order import AdmissionQueue
 from specexport.runtime.decode import ids_array
 
@@ -128,7 +128,7 @@ def test_refusals_are_one_sentence(session, tiny_bundles):
     with pytest.raises(OptionError, match="max_batch"):
         BatchScheduler(session, max_batch=0, cost=COST)
     with BatchScheduler(session, max_batch=1, cost=COST) as scheduler:
-        with pytest.raises(OptionError, match="mode 'self'"):
+        with pytest.raises(OptionError, match="no adapter piece, so mode self"):  # this bundle has none
             scheduler.submit([5, 6], mode="self")
         with pytest.raises(OptionError, match="temperature"):
             scheduler.submit([5, 6], temperature=-1)
@@ -139,13 +139,17 @@ def test_refusals_are_one_sentence(session, tiny_bundles):
 
 
 def test_goodput_length_follows_the_load():
+    def lengths(offered: list[int], alphas: list[float], cost: BatchCost) -> list[int]:
+        offers = [[Offer("lookup", d, a)] if d else [] for d, a in zip(offered, alphas, strict=True)]
+        return [choice[1] if choice else 0 for choice in plan(offers, cost)]
+
     cheap = BatchCost(fixed_s=1.0, per_row_s=0.0, per_token_s=0.001)
     costly = BatchCost(fixed_s=1.0, per_row_s=0.0, per_token_s=0.5)
-    assert speculation_length([8, 8], [0.9, 0.9], cheap) == 8  # drafts nearly free and likely accepted
-    assert speculation_length([8, 8], [0.1, 0.1], costly) == 0  # padded slots cost more than they promise
-    assert speculation_length([0, 0, 0], [0.9] * 3, cheap) == 0  # nothing on offer
+    assert lengths([8, 8], [0.9, 0.9], cheap) == [8, 8]  # drafts nearly free and likely accepted
+    assert lengths([8, 8], [0.1, 0.1], costly) == [0, 0]  # padded slots cost more than they promise
+    assert lengths([0, 0, 0], [0.9] * 3, cheap) == [0, 0, 0]  # nothing on offer
     # one row offers 8, three offer none: every other row pays the padding, so a short draft wins
-    assert speculation_length([8, 0, 0, 0], [0.6] * 4, BatchCost(1.0, 0.0, 0.1)) < 8
+    assert 0 < lengths([8, 0, 0, 0], [0.6] * 4, BatchCost(1.0, 0.0, 0.02))[0] < 8
 
 
 def test_admission_is_shortest_first_with_aging():

@@ -1,5 +1,6 @@
 """`specexport serve --batch N` (issue 23, point 2 under point 1's server): concurrent chat requests through the
-real server and the real `openai` client, decoded together by the batched scheduler, each AR's tokens."""
+real server and the real `openai` client, decoded together by the batched scheduler in every mode it runs
+(ar, lookup, and the drafting pieces' model and self, and auto), each AR's tokens."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ PROMPTS = ["explain how a hash table works", "write a haiku about the sea", "a h
 
 
 @pytest.fixture(scope="module")
-def session(tiny_bundles):
-    return load(tiny_bundles("standard"))
+def session(drafting_bundle):
+    return load(drafting_bundle)
 
 
 def test_concurrent_requests_are_batched_and_each_is_ar(session):
@@ -29,7 +30,8 @@ def test_concurrent_requests_are_batched_and_each_is_ar(session):
     try:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
         name = server.app.state.model.name
-        jobs = [(p, mode, n) for p, n in zip(PROMPTS, (24, 17, 30), strict=True) for mode in ("ar", "lookup")]
+        jobs = [(p, mode, n) for p, n in zip(PROMPTS, (24, 17, 30), strict=True)
+                for mode in ("ar", "lookup", "model", "self", "auto")]
         replies = [None] * len(jobs)
 
         def ask(j: int) -> None:
@@ -49,7 +51,7 @@ def test_concurrent_requests_are_batched_and_each_is_ar(session):
             assert reply.choices[0].message.content == ar.text
         with pytest.raises(openai.BadRequestError, match="batched scheduler"):
             client.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
-                                           extra_body={"specexport": {"mode": "model"}})
+                                           extra_body={"specexport": {"mode": "hier"}})
         assert server.health()["completed"] == len(jobs)
     finally:
         server.stop()

@@ -9,10 +9,17 @@
         ...
 
 One thread drives the loop. Between steps, finished and cancelled rows free their cache row and waiting
-requests take free rows (order.py), each read in by a prefill of its own; then every running row drafts
-(prompt lookup, or nothing for AR), the step's speculation length is chosen for the batch (goodput.py), and
-one step runs them all (step.py). Each request gets exactly the tokens it would get alone from the bundle's
-AR (greedy), whatever runs beside it: its rows are computed bit for bit as a one-row call's (rows.py).
+requests take free rows (order.py), each read in by a prefill of its own; then every running row offers
+what it can draft (prompt lookup's drafts, found at once; up to gamma of a model's), the step's plan picks
+each row's source and draft count for the batch (goodput.py), the drafting models draft for all their rows
+at once (drafting.py), and one step verifies them all (step.py). Each request gets exactly the tokens it
+would get alone from the bundle's AR (greedy), whatever runs beside it: its rows are computed bit for bit
+as a one-row call's (rows.py).
+
+Modes and what their rows draft with ("sources"): ar nothing; lookup prompt lookup; model the drafter
+piece; self the adapter on shallow's early exit; auto, per step, whichever of prompt lookup and the
+bundle's drafting pieces the plan expects the most of (the token trees one request's auto may run are not
+batched, nor is hier).
 """
 
 from __future__ import annotations
@@ -25,13 +32,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..assemble import MODE_PIECES, PIECE_FIXES
 from ..bundle import Bundle, load_bundle
-from ..drafters import LOOKUP_MAX_TOKENS, LookupDrafter
+from ..drafters import LOOKUP_MAX_TOKENS, AdapterState, LookupDrafter
 from ..errors import SpecExportError
 from ..options import Limits, OptionError, Options, make_options
+from ..policies import ConfidencePolicy
 from ..sampling import SamplingParams
 from ..text import TextCodec, check_prompt_fits
-from .goodput import BatchCost, speculation_length
+from .drafting import DrafterCache, DraftHead, draft_with_adapter, draft_with_drafter
+from .goodput import BatchCost, DraftCost, plan
 from .order import AdmissionQueue
 from .request import BatchRequest, Row
 from .rows import BatchedPiece, check_batchable
@@ -41,7 +51,9 @@ from .text import BatchTextStream
 if TYPE_CHECKING:
     from ..session import Session
 
-BATCH_MODES = ("ar", "lookup")  # auto means lookup here: the one drafter that batches today
+MODE_SOURCES = {"ar": (), "lookup": ("lookup",), "model": ("model",), "self": ("self",)}  # auto: the bundle's
+SOURCE_PIECES = {"model": "drafter", "self": "adapter"}
+BATCH_MODES = (*MODE_SOURCES, "auto")
 ALPHA_PRIOR = 0.5
 
 
@@ -51,7 +63,7 @@ class BatchScheduler:
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise OptionError(f"max_batch must be a positive integer, not {max_batch!r}")
         bundle: Bundle = load_bundle(source) if isinstance(source, (str, Path)) else source.bundle
-        for name in ("shallow", "deep"):
+        for name in bundle.pieces:
             check_batchable(name, bundle.pieces[name], bundle.root)
         self.bundle, self.max_batch, self.max_draft = bundle, max_batch, max_draft
         self.codec = source.codec if not isinstance(source, (str, Path)) else TextCodec(bundle.root,
@@ -63,10 +75,18 @@ class BatchScheduler:
             return BatchedPiece(name, bundle.piece_path(name), bundle.pieces[name], bundle.max_context, max_batch,
                                 threads)
 
-        self.pieces = BatchPieces(open_piece("shallow"), open_piece("deep"))
-        self.cost = cost or self._measure_cost()
-        self._tau = {"ar": 1.0, "lookup": 1.0}  # tokens per step lately, by mode: the admission order's guess
-        self._alpha = ALPHA_PRIOR  # acceptance lately over all lookup rows: a joining row's starting estimate
+        def open_head(name: str) -> DraftHead | None:
+            if name not in bundle.pieces:
+                return None
+            return DraftHead(open_piece(name), bundle.draft_vocab(name), bundle.manifest.model.dims.vocab)
+
+        self.pieces = BatchPieces(open_piece("shallow"), open_piece("deep"), open_head("adapter"),
+                                  open_head("drafter"))
+        self.sources = ("lookup", *(s for s, piece in SOURCE_PIECES.items() if piece in bundle.pieces))
+        self.cost = self._measure_cost(cost)
+        self._tau = dict.fromkeys(BATCH_MODES, 1.0)  # tokens per step lately, by mode: the admission order's guess
+        # acceptance lately over all rows, by source: a joining row's starting estimate
+        self._alpha = dict.fromkeys(self.sources, ALPHA_PRIOR)
         self._waiting = AdmissionQueue(self._service_s)
         self._free = list(range(max_batch))
         self._rows: list[Row] = []
@@ -80,14 +100,18 @@ class BatchScheduler:
     def options(self, **overrides) -> Options:
         """The bundle's defaults with `overrides`, checked as Session's are, for a mode that batches."""
         opts = make_options(self._defaults, overrides, self._limits)
-        mode = "lookup" if opts.mode == "auto" else opts.mode
-        if mode not in BATCH_MODES:
-            raise OptionError(f"mode {opts.mode!r} drafts with a model piece, which the batched scheduler does not"
-                              " run; use mode ar or lookup (auto is lookup here)")
+        if opts.mode not in BATCH_MODES:
+            raise OptionError(f"mode {opts.mode!r} screens the drafter's drafts with the adapter, which the batched"
+                              f" scheduler does not do; use one of {', '.join(BATCH_MODES)}")
+        missing = [p for p in MODE_PIECES.get(opts.mode, ()) if p not in self.bundle.pieces]
+        if missing:
+            raise OptionError(f"bundle {self.bundle.root} has no {missing[0]} piece, so mode {opts.mode} is not"
+                              f" available; rebuild it with {PIECE_FIXES[missing[0]]}, or use mode auto (it uses"
+                              " what the bundle has)")
         if opts.tree or opts.schedule != "sequential" or opts.verify != "exact" or opts.policy:
             raise OptionError("the batched scheduler verifies exactly and picks each step's draft length itself;"
                               " drop tree, schedule, verify and policy")
-        return dataclasses.replace(opts, mode=mode)
+        return opts
 
     def submit(self, prompt_ids: list[int], **options) -> BatchRequest:
         """Queues a request (token ids, e.g. `session.prompt_ids(text, opts)`); iterate the returned
@@ -156,14 +180,22 @@ class BatchScheduler:
             if request.cancelled:
                 request.end("cancelled")
                 continue
-            opts = request.opts
-            lookup = (LookupDrafter(self.bundle.manifest.model.dims.vocab, self.bundle.max_context,
-                                    opts.gamma or self.max_draft) if opts.mode == "lookup" else None)
-            row = Row(request, self._free.pop(), list(request.prompt_ids),
-                      SamplingParams(opts.temperature, opts.top_k, opts.top_p), np.random.default_rng(opts.seed),
-                      lookup, self._alpha)
-            joining.append(row)
+            joining.append(self._row(request, self._free.pop()))
         return joining
+
+    def _row(self, request: BatchRequest, slot: int) -> Row:
+        opts, spec = request.opts, self.bundle.manifest.speculative
+        sources = self.sources if opts.mode == "auto" else MODE_SOURCES[opts.mode]
+        gamma = opts.gamma if opts.gamma is not None else spec.gamma
+        eta = opts.eta if opts.eta is not None else spec.eta
+        # lookup's drafts cost nothing, so it takes its own cap, not the bundle's gamma (an explicit gamma wins)
+        lookup = (LookupDrafter(self.bundle.manifest.model.dims.vocab, self.bundle.max_context,
+                                opts.gamma or self.max_draft) if "lookup" in sources else None)
+        if opts.mode == "auto":
+            request.stats.extra["auto_steps"] = dict.fromkeys(["ar", *sources], 0)
+        return Row(request, slot, list(request.prompt_ids), SamplingParams(opts.temperature, opts.top_k, opts.top_p),
+                   np.random.default_rng(opts.seed), {s: self._alpha[s] for s in sources}, lookup,
+                   DrafterCache() if "model" in sources else None, gamma=gamma, policy=ConfidencePolicy(gamma, eta))
 
     def _run(self, call, rows: list[Row]) -> None:
         """Runs a prefill or a step; a failure ends the requests it was for, and the loop goes on."""
@@ -181,7 +213,10 @@ class BatchScheduler:
     def _prefill(self, rows: list[Row]) -> None:
         (row,) = rows
         t0 = time.perf_counter()
-        first = prefill(self.pieces, row)
+        first, hidden = prefill(self.pieces, row)
+        if "self" in row.sources:
+            row.adapter = AdapterState(None)  # its bookkeeping only: drafting.py runs the batched adapter
+            row.adapter.start(hidden)
         request = row.request
         request.stats.prompt_tokens = len(row.history)
         request.stats.prefill_s = time.perf_counter() - t0 + (t0 - request.submitted)  # its wait included
@@ -194,19 +229,29 @@ class BatchScheduler:
     def _step(self, rows: list[Row]) -> None:
         t0 = time.perf_counter()
         room = min(self.bundle.max_context - len(r.history) for r in rows)  # each row's last draft needs a slot
-        offered = [r.propose(room) for r in rows]
-        k = speculation_length(offered, [r.alpha for r in rows], self.cost)
-        for r in rows:
-            r.cut(k)
+        offers = [r.offers(room) for r in rows]
+        for row, row_offers, choice in zip(rows, offers, plan(offers, self.cost), strict=True):
+            row.take(row.probed(row_offers, choice))
+        by_drafter = [r for r in rows if r.source == "model"]
+        if by_drafter:
+            draft_with_drafter(self.pieces.drafter, by_drafter)
+        by_adapter = [r for r in rows if r.source == "self"]
+        if by_adapter:
+            draft_with_adapter(self.pieces.shallow, self.pieces.adapter, by_adapter)
         t1 = time.perf_counter()
-        news = step(self.pieces, rows)
+        news, hidden = step(self.pieces, rows)
         t2 = time.perf_counter()
-        for row, new in zip(rows, news, strict=True):
+        for i, (row, new) in enumerate(zip(rows, news, strict=True)):
             drafted, accepted = len(row.draft.tokens), len(new) - 1
-            row.request.stats.record_step(drafted, accepted, t1 - t0, t2 - t1)
+            stats = row.request.stats
+            stats.record_step(drafted, accepted, t1 - t0, t2 - t1)
+            if "auto_steps" in stats.extra:
+                stats.extra["auto_steps"][row.source if drafted else "ar"] += 1
             if drafted:
                 row.observe(drafted, accepted)
-                self._alpha = 0.95 * self._alpha + 0.05 * row.alpha
+                self._alpha[row.source] = 0.95 * self._alpha[row.source] + 0.05 * row.alpha[row.source]
+            if row.adapter is not None:  # the states of the step's final positions, for the adapter to read
+                row.adapter.advance(hidden[i:i + 1], len(row.history) - 1, len(new))
             mode = row.request.opts.mode
             self._tau[mode] = 0.9 * self._tau[mode] + 0.1 * len(new)
             row.history.extend(new)
@@ -231,13 +276,27 @@ class BatchScheduler:
         steps = request.budget / self._tau[request.opts.mode]
         return steps * self.cost.step_s(self.max_batch, 2)
 
-    def _measure_cost(self) -> BatchCost:
-        """Times batched steps once, in row slots nobody holds yet (the rows are rewritten before they are read)."""
+    def _measure_cost(self, given: BatchCost | None) -> BatchCost:
+        """Times batched steps and drafting calls once (what `given` does not say), in row slots nobody holds
+        yet (the rows are rewritten before they are read)."""
         rows = list(range(self.max_batch))
         pos = max(0, min(128, self.bundle.max_context - self.max_draft - 2))  # a typical short prompt's end
+        p = self.pieces
+
+        def ids(b: int, n: int = 1) -> np.ndarray:
+            return np.zeros((b, n), dtype=np.int64)
 
         def timed(b: int, n: int) -> None:
-            hidden = self.pieces.shallow.run(np.zeros((b, n), dtype=np.int64), rows[:b], [pos] * b)["hidden"]
-            self.pieces.deep.run(hidden, rows[:b], [pos] * b, keep=n)
+            hidden = p.shallow.run(ids(b, n), rows[:b], [pos] * b)["hidden"]
+            p.deep.run(hidden, rows[:b], [pos] * b, keep=n)
 
-        return BatchCost.measure(timed, self.max_batch, self.max_draft + 1)
+        drafting_calls = {
+            "model": lambda b: p.drafter.piece.run(ids(b), rows[:b], [pos] * b),
+            "self": lambda b: p.adapter.piece.run(p.shallow.run(ids(b), rows[:b], [pos] * b)["hidden"], rows[:b],
+                                                  [pos] * b),
+        }
+        cost = given or BatchCost.measure(timed, self.max_batch, self.max_draft + 1)
+        missing = {s: DraftCost.measure(drafting_calls[s], self.max_batch) for s in self.sources
+                   if s in drafting_calls and s not in cost.drafting}
+        return dataclasses.replace(cost, drafting={**cost.drafting, **missing}) if missing else cost
+
