@@ -30,6 +30,40 @@ from ..runtime.errors import SpecExportError
 CONTROL = ("position_ids", "seqlens_k", "total_sequence_length", "attention_bias", "logits_to_keep")
 
 
+class _Prelude:
+    """Nodes and constants a rewrite puts in front of a graph's own nodes."""
+
+    def __init__(self, graph: onnx.GraphProto) -> None:
+        self.graph, self.nodes = graph, []
+
+    def const(self, name: str, value, dtype) -> str:
+        self.graph.initializer.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
+        return name
+
+    def node(self, op: str, ins: list[str], out: str, **attrs) -> str:
+        self.nodes.append(helper.make_node(op, ins, [out], name=out, **attrs))
+        return out
+
+
+def _copied_rows(p: _Prelude, primary: str, needs_slot: bool) -> tuple[str, str, str, str]:
+    """(axis 1, the call's rows, rows appended: 0 or 1, first copied row) as [1] int64 values: a one-row
+    call gets a copy, unless `needs_slot` and the cache has no free slot after the call."""
+    axis1 = p.const("mr_axis1", [1], np.int64)
+    rows = p.node("Gather", [p.node("Shape", [primary], "mr_shape"), axis1], "mr_rows", axis=0)
+    single = p.node("Cast", [p.node("Equal", [rows, p.const("mr_one64", [1], np.int64)], "mr_is_single")],
+                    "mr_single", to=7)  # 1 for a one-row call
+    extra64 = single
+    if needs_slot:  # GQA writes the copy to the next slot: only when there is one
+        used = p.node("Cast", [p.node("Reshape", ["total_sequence_length", axis1], "mr_total1")], "mr_used", to=7)
+        cache = p.node("Gather", [p.node("Shape", ["past_key.0"], "mr_kv_shape"),
+                                  p.const("mr_axis2", [2], np.int64)], "mr_cache", axis=0)
+        room = p.node("Min", [p.node("Sub", [cache, used], "mr_room"), p.const("mr_one", [1], np.int64)],
+                      "mr_room1")
+        extra64 = p.node("Mul", [room, single], "mr_extra64")
+    start = p.node("Sub", [rows, extra64], "mr_start")  # the copied rows: [start, rows), empty when none
+    return axis1, rows, extra64, start
+
+
 def pad_one_row_calls(model: onnx.ModelProto) -> bool:
     """Rewrite a shallow or deep piece (either graph flavour) in place so no call runs one row; False
     (unchanged) for a graph without caches."""
@@ -50,29 +84,9 @@ def pad_one_row_calls(model: onnx.ModelProto) -> bool:
             if name in renamed:
                 node.input[k] = renamed[name]
 
-    prelude: list[onnx.NodeProto] = []
-
-    def const(name: str, value, dtype) -> str:
-        graph.initializer.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
-        return name
-
-    def node(op: str, ins: list[str], out: str, **attrs) -> str:
-        prelude.append(helper.make_node(op, ins, [out], name=out, **attrs))
-        return out
-
-    axis1 = const("mr_axis1", [1], np.int64)
-    rows = node("Gather", [node("Shape", [primary], "mr_shape"), axis1], "mr_rows", axis=0)  # [1] int64
-    single = node("Cast", [node("Equal", [rows, const("mr_one64", [1], np.int64)], "mr_is_single")],
-                  "mr_single", to=7)  # [1] int64: 1 for a one-row call
-    if ort:  # GQA writes the copy to the next slot: only when there is one
-        used = node("Cast", [node("Reshape", ["total_sequence_length", axis1], "mr_total1")], "mr_used", to=7)
-        cache = node("Gather", [node("Shape", ["past_key.0"], "mr_kv_shape"), const("mr_axis2", [2], np.int64)],
-                     "mr_cache", axis=0)  # [1] int64
-        room = node("Min", [node("Sub", [cache, used], "mr_room"), const("mr_one", [1], np.int64)], "mr_room1")
-        extra64 = node("Mul", [room, single], "mr_extra64")  # [1] int64: rows appended (0 or 1)
-    else:
-        extra64 = single
-    start = node("Sub", [rows, extra64], "mr_start")  # the copied rows: [start, rows), empty when extra is 0
+    p = _Prelude(graph)
+    const, node, prelude = p.const, p.node, p.nodes
+    axis1, rows, extra64, start = _copied_rows(p, primary, needs_slot=ort)
 
     def append_copy(name: str, plus: str | None = None) -> None:
         copy = node("Slice", [name, start, rows, axis1], f"mr_{name}_last")
@@ -137,26 +151,9 @@ def pad_one_row_attention(model: onnx.ModelProto) -> bool:
     if not attention or not {"past_key.0", "seqlens_k", "total_sequence_length"} <= inputs:
         return False
     primary = next(n for n in ("hidden_in", "input_ids") if n in inputs)
-    prelude: list[onnx.NodeProto] = []
-
-    def const(name: str, value, dtype) -> str:
-        graph.initializer.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
-        return name
-
-    def node(op: str, ins: list[str], out: str, **attrs) -> str:
-        prelude.append(helper.make_node(op, ins, [out], name=out, **attrs))
-        return out
-
-    axis1 = const("mr_axis1", [1], np.int64)
-    rows = node("Gather", [node("Shape", [primary], "mr_shape"), axis1], "mr_rows", axis=0)  # [1] int64
-    single = node("Cast", [node("Equal", [rows, const("mr_one64", [1], np.int64)], "mr_is_single")],
-                  "mr_single", to=7)
-    used = node("Cast", [node("Reshape", ["total_sequence_length", axis1], "mr_total1")], "mr_used", to=7)
-    cache = node("Gather", [node("Shape", ["past_key.0"], "mr_kv_shape"), const("mr_axis2", [2], np.int64)],
-                 "mr_cache", axis=0)
-    room = node("Min", [node("Sub", [cache, used], "mr_room"), const("mr_one", [1], np.int64)], "mr_room1")
-    extra64 = node("Mul", [room, single], "mr_extra64")  # [1] int64: 0 or 1 row appended
-    start = node("Sub", [rows, extra64], "mr_start")
+    p = _Prelude(graph)
+    const, node, prelude = p.const, p.node, p.nodes
+    axis1, rows, extra64, start = _copied_rows(p, primary, needs_slot=True)
     extra = node("Cast", [node("Reshape", [extra64, const("mr_scalar", [], np.int64)], "mr_extra_s")],
                  "mr_extra", to=6)
     seqlens = node("Add", ["seqlens_k", extra], "mr_seqlens")
