@@ -126,8 +126,8 @@ def parity_sequences(tokenizer, vocab: int, context: int, seed: int = 0) -> list
     """A random sequence, then the parity prompts formatted and encoded as the bundle's runtime will (the
     manifest's chat format, no special tokens added). A template-less model's format is its BOS and the text,
     and a model that always sees a BOS can be far out of its range without one: Gemma 3 270M's first token
-    then carries huge activations, and int4 rounding moved its logits by 1.2-1.3 of their largest instead of
-    the 0.21-0.27 it moves them with the BOS (BENCHMARKS.md, 2026-11-25), failing a bundle that is right."""
+    then carries huge activations, and int4 rounding moved its logits several times further than with the BOS,
+    past the bound, failing a bundle that was right (BENCHMARKS.md, 2026-11-25, "Gemma 3 270M at int4")."""
     rng = np.random.default_rng(seed)
     seqs = [rng.integers(0, vocab, size=24).tolist()]
     fmt = chat_format(tokenizer)
