@@ -45,8 +45,11 @@ def gqa_session(heads: int, kv_heads: int, head_size: int):
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def changes(head_size: int, context: int, rng: np.random.Generator, heads: int = 4, kv_heads: int = 1) -> list[int]:
-    """The call totals after which one head size's GQA gives a fixed row another output."""
+def changes(head_size: int, context: int, rng: np.random.Generator, heads: int = 4,
+            kv_heads: int = 1) -> tuple[list[int], int, int]:
+    """The call totals after which one head size's GQA gives a fixed row another output; then, across calls of
+    every start and size that hold a row, how many pairs with no such total between theirs were compared and
+    how many of them differ."""
     session = gqa_session(heads, kv_heads, head_size)
     angles = np.outer(np.arange(context), 1e-4 ** (np.arange(head_size // 2) / (head_size // 2)))
     q = rng.standard_normal((1, context, heads * head_size), dtype=np.float32) * 3
@@ -72,14 +75,29 @@ def changes(head_size: int, context: int, rng: np.random.Generator, heads: int =
             if previous is not None and not np.array_equal(row, previous):
                 found.add(start + rows - 1)  # the last total before the row changed
             previous = row
-    return sorted(found)
+    bounds = sorted(found)
+    pairs = unequal = 0
+    for r in range(40, context - 14, 97):
+        seen: dict[int, np.ndarray] = {}
+        for start in range(max(0, r - 12), r + 1):
+            for rows in range(max(2, r - start + 1), r - start + 14):
+                out = call(start, rows, cache_k, cache_v)[0][0, r - start]
+                side = sum(b < start + rows for b in bounds)  # which range the call's total falls in
+                if side in seen:
+                    pairs += 1
+                    unequal += not np.array_equal(seen[side], out)
+                else:
+                    seen[side] = out
+    return bounds, pairs, unequal
 
 
 def totals(args) -> None:
     rng = np.random.default_rng(0)
     for head_size in (int(h) for h in args.head_sizes.split(",")):
-        print(f"head size {head_size}: a row's output changes when the call's total passes"
-              f" {changes(head_size, args.context, rng) or 'nothing'} (totals up to {args.context})", flush=True)
+        bounds, pairs, unequal = changes(head_size, args.context, rng)
+        print(f"head size {head_size}: a row's output changes when the call's total passes {bounds or 'nothing'}"
+              f" (totals up to {args.context}); between those, {unequal} of {pairs} pairs of calls holding the same"
+              " row differ", flush=True)
 
 
 def bundle(args) -> None:
