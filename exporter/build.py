@@ -123,13 +123,16 @@ def _check_precision(precision: str | None, flavour: str | None, backend: str | 
 
 
 def parity_sequences(tokenizer, vocab: int, context: int, seed: int = 0) -> list[list[int]]:
+    """A random sequence, then the parity prompts formatted and encoded as the bundle's runtime will (the
+    manifest's chat format, no special tokens added). A template-less model's format is its BOS and the text,
+    and a model that always sees a BOS can be far out of its range without one: Gemma 3 270M's first token
+    then carries huge activations, and int4 rounding moved its logits several times further than with the BOS,
+    past the bound, failing a bundle that was right (BENCHMARKS.md, 2026-11-25, "Gemma 3 270M at int4")."""
     rng = np.random.default_rng(seed)
     seqs = [rng.integers(0, vocab, size=24).tolist()]
+    fmt = chat_format(tokenizer)
     for prompt in parity.PARITY_PROMPTS:
-        text = prompt
-        if getattr(tokenizer, "chat_template", None):
-            text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                                 add_generation_prompt=True)
+        text = prompt if fmt is None else fmt.user_prefix + prompt + fmt.user_suffix
         seqs.append(tokenizer(text, add_special_tokens=False)["input_ids"])
     return [s[:context] for s in seqs]
 

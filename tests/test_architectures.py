@@ -274,3 +274,35 @@ def test_int4_build_passes_parity_and_stays_lossless(family, arch, tmp_path):
     ar = session.generate(PROMPTS[0], max_new_tokens=NEW_TOKENS, mode="ar").tokens
     for how in ({"mode": "self", "gamma": 3, "eta": 0.0}, {"mode": "model", "tree": "4:3:2:10"}):
         assert session.generate(PROMPTS[0], max_new_tokens=NEW_TOKENS, **how).tokens == ar, how
+
+
+def test_parity_runs_the_prompts_as_the_bundle_encodes_them(tmp_path, monkeypatch):
+    """A Gemma 3 without a chat template whose tokenizer adds a BOS, as the 270M's GGUF: the bundle prefixes every
+    prompt with that BOS (exporter/chat.py), so the parity check must run its prompts with it. The 270M without
+    its BOS is out of its range, and its int4 build failed parity on that alone (BENCHMARKS.md, 2026-11-25)."""
+    from specexport.exporter import parity
+    from specexport.exporter.build import build_bundle
+    from tokenizers import processors
+    from transformers import AutoTokenizer
+
+    ckpt = make_arch_checkpoint(tmp_path / "model", "gemma3_text")
+    tok = AutoTokenizer.from_pretrained(ckpt)
+    (ckpt / "chat_template.jinja").unlink()
+    tok.chat_template = None
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{tok.bos_token} $A", special_tokens=[(tok.bos_token, tok.bos_token_id)])
+    tok.save_pretrained(ckpt)
+    seen: list[list[int]] = []
+    run_checks = parity.run_checks
+
+    def recording(root, pieces, checks, sequences, *args, **kwargs):
+        seen.extend(sequences)
+        return run_checks(root, pieces, checks, sequences, *args, **kwargs)
+
+    monkeypatch.setattr(parity, "run_checks", recording)
+    build_bundle(tmp_path / "int4", model=str(ckpt), adapter="none", drafter="none", exit_layer=EXIT,
+                 context=CONTEXT, precision="int4")
+    session = load(tmp_path / "int4", threads=1)
+    prompts = [session.prompt_ids(p, session.options()) for p in parity.PARITY_PROMPTS]
+    assert all(ids[0] == tok.bos_token_id for ids in prompts)
+    assert seen[1:] == prompts
