@@ -232,9 +232,10 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
         if qspec is not None:
             graph, info["quantization"] = quantize.quantize_model(graph, qspec)
         if output_path and padding == "piece" and multirow.pad_one_row_calls(graph):
-            info["min_rows"] = 2
-        elif output_path and padding == "attention":
-            multirow.pad_one_row_attention(graph)
+            info["min_rows"], info["one_row_padding"] = 2, "piece"
+        elif output_path:
+            done = padding == "attention" and multirow.pad_one_row_attention(graph)
+            info["one_row_padding"] = "attention" if done else "none"
         return graph, info
 
     def add_draft_piece(name: str, graph, vocab_map: np.ndarray | None, vocab_file: str, **fields) -> None:

@@ -205,6 +205,7 @@ class Piece:
     data: str | None = None  # external weights beside the graph
     layers: tuple[int, ...] | None = None  # [first, end) of the target's layers
     min_rows: int = 1  # every call runs on at least this many rows (exporter/multirow.py)
+    one_row_padding: str | None = None  # piece, attention or none (exporter/multirow.py); None: before the field
     exit_layer: int | None = None  # the adapter's
     dims: Dims | None = None  # the drafter's own
     architecture: str | None = None  # the drafter's model_type
@@ -217,6 +218,9 @@ class Piece:
 
     def check(self, where: str) -> None:
         _at_least(self.min_rows, 1, f"{where}.min_rows")
+        if self.one_row_padding not in (None, "piece", "attention", "none"):
+            raise ManifestError(f"manifest field {where}.one_row_padding is {self.one_row_padding!r}, not one of"
+                                " piece, attention, none; rebuild the bundle")
         if self.layers is not None and (len(self.layers) != 2 or not 0 <= self.layers[0] < self.layers[1]):
             raise ManifestError(f"manifest field {where}.layers is {list(self.layers)}, not [first, end) with"
                                 " 0 <= first < end")

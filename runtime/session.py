@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from .assemble import auto_trees, decoder
+from .attention_rounding import SplitAtBoundary, flash_attention_off, length_sensitive
 from .bundle import Bundle, load_bundle
 from .decode import Pieces
 from .drafters import (
@@ -55,12 +56,24 @@ def _open_pieces(bundle: Bundle, backend: str, providers: list[str] | None,
             return open_trt_piece(bundle, name)
     else:
         raise SpecExportError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
-    opened = {name: open_piece(name) for name in bundle.pieces}
+    dims = bundle.manifest.model.dims
+    sensitive = backend == "onnxruntime" and length_sensitive(bundle.manifest.graph.flavour, dims.head_dim)
+    opened = {}
+    for name in bundle.pieces:
+        if sensitive and name in ("shallow", "deep"):  # their attention rounds by length (attention_rounding.py)
+            with flash_attention_off():
+                opened[name] = open_piece(name)
+        else:
+            opened[name] = open_piece(name)
     pieces = Pieces(**opened, draft_vocab=bundle.draft_vocab("adapter"), drafter_vocab=bundle.draft_vocab("drafter"),
                     vocab_size=bundle.manifest.model.dims.vocab)
     min_rows = min(bundle.pieces["shallow"].min_rows, bundle.pieces["deep"].min_rows)
     # one-row calls must round as verification rows on this machine, or the session pads them itself
-    pad_if_needed(pieces, bundle.manifest.model.dims.vocab, min_rows, bundle.max_context)
+    padded = pad_if_needed(pieces, bundle.manifest.model.dims.vocab, min_rows, bundle.max_context)
+    if sensitive and pieces.deep.device is None:  # (a GPU provider's attention is not ONNX Runtime's CPU kernel)
+        copy = padded or bundle.pieces["deep"].one_row_padding != "none"
+        pieces.shallow = SplitAtBoundary(pieces.shallow, copy)
+        pieces.deep = SplitAtBoundary(pieces.deep, copy)
     return pieces
 
 
@@ -91,11 +104,17 @@ class Session:
     def one_row_calls(self) -> str:
         """How a one-token call of shallow and deep keeps verification's arithmetic: `graph` (the pieces
         pad every op), `attention` (they pad attention alone, and this machine's kernels round the rest of
-        a one-row call as a row of many), or `session` (they do not round alike here: the session runs such
-        calls as two rows)."""
-        if isinstance(self.pieces.deep, TwoRowCalls):
+        a one-row call as a row of many), `session` (they do not round alike here: the session runs such
+        calls as two rows), or `none` (a bundle built to pad nothing, whose calls round alike here)."""
+        piece = self.pieces.deep
+        while isinstance(piece, SplitAtBoundary):
+            piece = piece.piece
+        if isinstance(piece, TwoRowCalls):
             return "session"
-        return "graph" if self.bundle.pieces["deep"].min_rows >= 2 else "attention"
+        spec = self.bundle.pieces["deep"]
+        if spec.min_rows >= 2:
+            return "graph"
+        return "none" if spec.one_row_padding == "none" else "attention"
 
     def options(self, **overrides) -> Options:
         """The bundle's generation defaults with `overrides` (None: keep the default), checked: a bad value

@@ -103,6 +103,7 @@ class TreeDrafter:
         self.chain = ModelDrafter(pieces)
         self.lookup = LookupDrafter(pieces.vocab_size, max_context, shape.lookup)
         self.piece, self.vocab_map, self.shape = pieces.drafter, pieces.drafter_vocab, shape
+        self.target = pieces.deep
         self.max_context = max_context
         # the floors as branch scores (log-probabilities); 0 means no floor. A leaf below either floor adds
         # nothing to the tree, so only leaves at or above both are extended.
@@ -120,14 +121,19 @@ class TreeDrafter:
                 rng: np.random.Generator) -> Draft:
         # what the last tree's target rows chose beyond the final tokens (`settle`): a chain ahead of the
         # new tree, verified again in rows computed as AR computes them
-        trunk = self.draft.ahead[: self.max_context - len(history)] if len(history) - 1 == self.trunk_at else []
+        # where this step's call must end: the context's end, or a rounding boundary of the target's attention
+        # that the call would cross (attention_rounding.py)
+        ends_at = getattr(self.target, "tree_end", None)
+        limit = ends_at(len(history) - 1, self.max_context) if ends_at else self.max_context
+        trunk = self.draft.ahead[: max(0, limit - len(history))] if len(history) - 1 == self.trunk_at else []
         seq = [*history, *trunk]
         t0 = time.perf_counter()
         out = self.chain.catch_up(seq, final=len(history))
         # reading what other drafters' steps made (in auto) is not a tree step's cost; reading its own is
         catchup = 0.0 if self.drafted_last else time.perf_counter() - t0
         self.drafting = True
-        tokens, parents = self.grow(seq, out, min(self.shape.nodes, self.max_context - len(seq)), len(history))
+        tokens, parents = self.grow(seq, out, max(0, min(self.shape.nodes, limit - len(seq))), len(history),
+                                    limit)
         m = len(trunk)
         if len(tokens) == 1:  # nothing likely enough: the trunk alone, or a plain one-token step
             self.draft = Draft(trunk, catchup_s=catchup)
@@ -148,12 +154,12 @@ class TreeDrafter:
         ids = self.vocab_map[top] if self.vocab_map is not None else top
         return [Node(int(t), parent, base + float(logp[i]), depth) for t, i in zip(ids, top, strict=True)]
 
-    def grow(self, history: list[int], out: dict[str, np.ndarray], nodes: int, final: int | None = None
-             ) -> tuple[list[int], list[int]]:
+    def grow(self, history: list[int], out: dict[str, np.ndarray], nodes: int, final: int | None = None,
+             limit: int | None = None) -> tuple[list[int], list[int]]:
         """(tokens, parents) of the step's tree in topological order; tokens[0] is history[-1]. `out` is the
         drafter's output at history[-1], its cache holding the history through it. The first `final`
         tokens of `history` are final (the rest a trunk not verified yet): only they enter lookup's index."""
-        pos, max_context = len(history) - 1, self.max_context
+        pos, max_context = len(history) - 1, limit or self.max_context
         if nodes == 0:
             return [history[-1]], [-1]
         cands = self._children(out["logits"][0, -1], -1, 0.0, 1)
