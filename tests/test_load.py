@@ -1,12 +1,156 @@
-"""bench/load.py's ONNX Runtime GenAI systems: the worker's batch command against a fake onnxruntime_genai."""
+"""bench/load.py's ONNX Runtime GenAI systems: the static batcher that gathers the clients' requests (against a
+scripted stand-in for GenAI's Engine, so no GenAI is needed), the worker's batch command against a fake
+onnxruntime_genai, and the whole load script with `--genai` on tiny bundles where the real GenAI interpreter
+exists (`make bench-env`)."""
 
 from __future__ import annotations
 
+import json
 import sys
 import textwrap
+import threading
+import time
 
 import pytest
+from specexport.bench import load as bench_load
 from specexport.bench import ortgenai as bench_ortgenai
+from specexport.bench.load import StaticBatcher, System, drive
+from specexport.bench.systems import Skip
+
+
+class ScriptedEngine:
+    """Stands in for GenAI's Engine behind StaticBatcher: job k of a batch "generates" its max_new_tokens tokens
+    counting up from its prompt's last id, one token per `step_s`, and is reported when its last token is out;
+    the batch returns when its longest job is done. Records every batch it ran and every answer it gave."""
+
+    def __init__(self, step_s: float = 0.01, fail_on: int | None = None) -> None:
+        self.step_s, self.fail_on = step_s, fail_on
+        self.batches: list[list[tuple[list[int], int]]] = []
+        self.answers: list[tuple[int, int]] = []  # (batch number, job index)
+        self.lock = threading.Lock()
+
+    def __call__(self, jobs: list[tuple[list[int], int]], finished) -> None:
+        with self.lock:
+            number = len(self.batches)
+            self.batches.append(jobs)
+        if number == self.fail_on:
+            raise RuntimeError("scripted failure")
+        t0 = time.perf_counter()
+        for k in sorted(range(len(jobs)), key=lambda k: jobs[k][1]):
+            ids, n = jobs[k]
+            time.sleep(max(0.0, t0 + n * self.step_s - time.perf_counter()))
+            self.answers.append((number, k))
+            finished(k, list(range(ids[-1] + 1, ids[-1] + 1 + n)))
+
+
+def expected(prompt: list[int], n: int) -> list[int]:
+    return list(range(prompt[-1] + 1, prompt[-1] + 1 + n))
+
+
+def test_batches_are_bounded_and_every_request_is_answered_once_with_its_own_tokens():
+    engine = ScriptedEngine()
+    batcher = StaticBatcher(engine, max_batch=3)
+    prompts = [[i * 100] for i in range(10)]
+    results: dict[int, list[int]] = {}
+    try:
+        threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, batcher.submit(prompts[i], 4 + i)))
+                   for i in range(10)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        batcher.close()
+    assert results == {i: expected(prompts[i], 4 + i) for i in range(10)}
+    assert all(1 <= len(b) <= 3 for b in engine.batches) and sum(map(len, engine.batches)) == 10
+    assert batcher.batches == [len(b) for b in engine.batches]
+    assert len(engine.answers) == len(set(engine.answers)) == 10  # once each
+
+
+def test_a_batch_gathers_requests_that_arrive_a_moment_apart():
+    engine = ScriptedEngine()
+    batcher = StaticBatcher(engine, max_batch=4, gather_s=0.5)
+
+    def client(i: int) -> None:
+        time.sleep(0.02 * i)
+        batcher.submit([i], 2)
+
+    try:
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        batcher.close()
+    assert batcher.batches == [4]
+
+
+def test_latency_runs_from_submit_to_the_requests_own_last_token():
+    """In a batch of a short and a long request, the short one's client has its answer when its last token is
+    out, not when the batch ends; drive() measures from sending to that answer."""
+    engine = ScriptedEngine(step_s=0.02)
+    batcher = StaticBatcher(engine, max_batch=2, gather_s=0.5)
+    prompts = [[1], [2]]
+    lengths = {0: 1, 1: 25}  # 0.02 s against 0.5 s
+    system = System("scripted, batched", "bundle", lambda i: batcher.submit(prompts[i], lengths[i]),
+                    cpu=lambda: 0.0)
+    try:
+        run = drive(system, prompts, clients=2, jobs=[0, 1], time_limit=60)
+    finally:
+        batcher.close()
+    assert batcher.batches == [2] and run["outputs"] == {0: expected([1], 1), 1: expected([2], 25)}
+    short, long = sorted(run["latencies"])
+    assert short < 0.3 <= 0.5 <= long, run["latencies"]
+
+
+def run_clients(batcher: StaticBatcher, prompts: list[list[int]], n: int) -> list[object]:
+    """Each prompt from a thread of its own at once; each outcome its tokens or its error's message."""
+    outcomes: list[object] = []
+
+    def client(prompt: list[int]) -> None:
+        try:
+            outcomes.append(batcher.submit(prompt, n))
+        except RuntimeError as exc:
+            outcomes.append(str(exc))
+
+    threads = [threading.Thread(target=client, args=(p,)) for p in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return outcomes
+
+
+def test_a_failed_batch_fails_its_requests_and_the_next_batch_runs():
+    engine = ScriptedEngine(fail_on=0)
+    batcher = StaticBatcher(engine, max_batch=2, gather_s=0.5)
+    try:
+        assert run_clients(batcher, [[0], [1]], 3) == ["scripted failure"] * 2
+        assert batcher.submit([7], 3) == expected([7], 3)
+    finally:
+        batcher.close()
+    assert batcher.batches == [2, 1]
+
+
+def test_an_unanswered_or_twice_answered_request_fails_and_close_refuses_more():
+    def forgets(jobs, finished):
+        finished(0, [1])
+
+    def twice(jobs, finished):
+        finished(0, [1])
+        finished(0, [2])
+
+    for runner, error in ((forgets, "the batch ended without answering this request"),
+                          (twice, "request 0 of the batch was answered twice")):
+        batcher = StaticBatcher(runner, max_batch=2, gather_s=0.5)
+        try:
+            assert sorted(map(str, run_clients(batcher, [[0], [1]], 1))) == ["[1]", error]
+        finally:
+            batcher.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        batcher.submit([0], 1)
+
 
 FAKE_GENAI_ENGINE = '''
 """A stand-in for onnxruntime_genai's Engine: each request "generates" by counting up from its prompt's last id,
@@ -149,3 +293,47 @@ def test_the_worker_runs_a_batch_through_the_engine_with_a_fake_library(tmp_path
         assert got == [(0, [2, 3])]
     finally:
         other.close()
+
+
+@pytest.fixture(scope="module")
+def genai_python() -> str:
+    """An interpreter with the real onnxruntime-genai and its builder's needs (`make bench-env`)."""
+    python = bench_ortgenai.find_python()
+    try:
+        found = bench_ortgenai.env_versions(python)
+    except Skip as exc:
+        pytest.skip(str(exc))
+    why = bench_ortgenai._builder_ready(found)
+    if why:
+        pytest.skip(why)
+    return python
+
+
+def test_load_script_with_genai_on_tiny_bundles(genai_python, tiny_bundles, tiny_checkpoint, tmp_path, monkeypatch,
+                                                capsys):
+    """The load script with --genai on the tiny model: GenAI's builder on its checkpoint (offline, into a
+    temporary cache), its worker one request at a time and in static batches of up to the client count, beside
+    AR; every request answered, the table's GenAI rows filled, each cell's batch sizes in the report."""
+    from specexport.exporter import model_source
+
+    monkeypatch.setenv("SPECEXPORT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(model_source, "find_checkpoint", lambda digest: tiny_checkpoint)
+    out = tmp_path / "load.json"
+    code = bench_load.main(["--bundle", str(tiny_bundles("ort")), "--batch-bundle", str(tiny_bundles("standard")),
+                            "--clients", "1,3", "--requests", "6", "--rounds", "1", "--max-new-tokens", "8",
+                            "--modes", "", "--batch-modes", "ar", "--genai", "--genai-python", genai_python,
+                            "--out", str(out)])
+    assert code == 0
+    report = json.loads(out.read_text())
+    cells = {(c["system"], c["clients"]): c for c in report["cells"]}
+    for name in ("ortgenai-fp32, one at a time", "ortgenai-fp32, batched"):
+        for clients in (1, 3):
+            cell = cells[(name, clients)]
+            assert cell["requests"] == 6 and 0 < cell["tokens"] <= 48 and cell["cpu_s"] > 0
+            assert 0 <= cell["identical_to_ar"] <= 6
+    assert cells[("ortgenai-fp32, batched", 1)]["batch_sizes"] == [1] * 6
+    sizes = cells[("ortgenai-fp32, batched", 3)]["batch_sizes"]
+    assert sum(sizes) == 6 and max(sizes) <= 3
+    assert report["genai"]["versions"]["onnxruntime-genai"]
+    table = capsys.readouterr().out
+    assert "| ortgenai-fp32, batched |" in table and "| ar, batched |" in table
