@@ -18,10 +18,11 @@ needs standard-flavour pieces (`specexport build --flavour standard`), so its AR
 
 With `--genai`, ONNX Runtime GenAI runs beside them at the bundle's precision, on its own builder's export of the
 bundle's source checkpoint in its worker process (bench/ortgenai.py; `--genai-python` or as `specexport bench`
-finds the interpreter): one request at a time, and batched, the clients' requests gathered into static batches
-of up to the number of clients for its Engine (StaticBatcher: on the CPU its Engine admits no request into a
-running batch). Its CPU seconds are the worker's; its responses are compared with the default bundle's AR,
-which they need not equal (other graphs, other rounding). Over `--http` too it is driven through that pipe.
+finds the interpreter), its idle threads not spinning unless `--genai-spinning`: one request at a time, and
+batched, the clients' requests gathered into static batches of up to the number of clients for its Engine
+(StaticBatcher: on the CPU its Engine admits no request into a running batch). Its CPU seconds are the worker's;
+its responses are compared with the default bundle's AR, which they need not equal (other graphs, other
+rounding). Over `--http` too it is driven through that pipe.
 """
 
 from __future__ import annotations
@@ -237,12 +238,13 @@ class Server:
 
 def summarize(system: str, clients: int, rounds: list[dict]) -> dict:
     """One cell from its rounds: tokens over the rounds' wall time (and over the process's CPU seconds, which a
-    busy shared machine moves less than the wall clock), latency percentiles over every request."""
+    busy shared machine moves less than the wall clock; None when a cell too short for the clock's 10 ms ticks
+    shows none), latency percentiles over every request."""
     latencies = sorted(s for r in rounds for s in r["latencies"])
     tokens = sum(len(t) for r in rounds for t in r["outputs"].values())
     wall, cpu = sum(r["wall_s"] for r in rounds), sum(r["cpu_s"] for r in rounds)
     return {"system": system, "clients": clients, "requests": len(latencies), "tokens": tokens, "wall_s": wall,
-            "cpu_s": cpu, "tokens_per_s": tokens / wall, "tokens_per_cpu_s": tokens / cpu,
+            "cpu_s": cpu, "tokens_per_s": tokens / wall, "tokens_per_cpu_s": tokens / cpu if cpu > 0 else None,
             "p50_s": statistics.median(latencies),
             "p95_s": latencies[min(len(latencies) - 1, round(0.95 * (len(latencies) - 1)))]}
 
@@ -265,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
                     " request at a time and in static batches of its Engine (in its worker process)")
     ap.add_argument("--genai-python", default=None, help="the interpreter with onnxruntime-genai (default: as"
                     " `specexport bench` finds it)")
+    ap.add_argument("--genai-spinning", action="store_true", help="let GenAI's idle intra-op threads spin (its own"
+                    " default; off unless given, as in specexport's sessions)")
     ap.add_argument("--out", default="reports/load.json")
     args = ap.parse_args(argv)
     levels = [int(c) for c in args.clients.split(",")]
@@ -307,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     genai, batcher = None, None
     if args.genai:
         try:
-            genai, batcher = start_genai(single, max_batch, threads, args.genai_python)
+            genai, batcher = start_genai(single, max_batch, threads, args.genai_python, args.genai_spinning)
         except SpecExportError:
             for server in servers:
                 server.stop()
@@ -339,8 +343,9 @@ def main(argv: list[str] | None = None) -> int:
                 if batcher and system.name == f"{genai.name}, batched":
                     cell["batch_sizes"] = batcher.batches[first_batch:]
                 cells.append(cell)
+                per_cpu = cell["tokens_per_cpu_s"]
                 print(f"{system.name:24} clients {clients}: {cell['tokens_per_s']:6.1f} tokens/s"
-                      f" ({cell['tokens_per_cpu_s']:.1f} per CPU s), p50 {cell['p50_s']:.1f} s,"
+                      f" ({'–' if per_cpu is None else f'{per_cpu:.1f}'} per CPU s), p50 {cell['p50_s']:.1f} s,"
                       f" p95 {cell['p95_s']:.1f} s, {cell['identical_to_ar']}/{cell['requests']} identical to AR",
                       file=sys.stderr)
     finally:
@@ -362,10 +367,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def start_genai(session: Session, max_batch: int, threads: int,
-                python: str | None = None) -> tuple[OrtGenAISystem, StaticBatcher]:
+def start_genai(session: Session, max_batch: int, threads: int, python: str | None = None,
+                spinning: bool = False) -> tuple[OrtGenAISystem, StaticBatcher]:
     """ONNX Runtime GenAI's export of the bundle's source checkpoint at the bundle's precision, its worker
-    started (with an Engine of `max_batch` rows) and warmed up, and a StaticBatcher over its Engine."""
+    started (with an Engine of `max_batch` rows) and warmed up, and a StaticBatcher over its Engine. Its idle
+    threads spin only if `spinning`: on a shared machine spinning threads take the cores from the running ones
+    (which is why specexport's sessions never spin), and the comparison is of the code, not of that setting."""
     from ..exporter.model_source import find_checkpoint
 
     manifest = session.bundle.manifest
@@ -373,7 +380,7 @@ def start_genai(session: Session, max_batch: int, threads: int,
         raise SpecExportError(f"ONNX Runtime GenAI has no {manifest.precision} CPU build to match the bundle")
     genai = OrtGenAISystem(find_checkpoint(manifest.provenance.source_sha256), set(session.codec.eos_ids),
                            manifest.precision, threads, python, manifest.provenance.source_sha256,
-                           log=lambda m: print(m, file=sys.stderr), max_batch=max_batch)
+                           log=lambda m: print(m, file=sys.stderr), max_batch=max_batch, spinning=spinning)
     try:
         genai.setup()
     except Skip as exc:
@@ -416,8 +423,9 @@ def table(cells: list[dict], levels: list[int], names: list[str]) -> str:
             ratios = []
             for key in ("tokens_per_s", "tokens_per_cpu_s"):
                 base = (by[("auto, one at a time", c)][key] if "auto, one at a time" in ours
-                        else max(by[(other, c)][key] for other in ours))
-                ratios.append(f"{cell[key]:.1f} ({cell[key] / base:.2f}×)")
+                        else max((by[(other, c)][key] or 0.0 for other in ours), default=0.0))
+                ratios.append("–" if cell[key] is None else
+                              f"{cell[key]:.1f} ({cell[key] / base:.2f}×)" if base else f"{cell[key]:.1f}")
             row.append(f"{ratios[0]}, {ratios[1]}, {cell['p50_s']:.1f} / {cell['p95_s']:.1f},"
                        f" {cell['identical_to_ar']}/{cell['requests']} = AR")
         lines.append("| " + " | ".join(row) + " |")

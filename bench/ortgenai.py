@@ -117,11 +117,13 @@ def process_cpu_s(pid: int) -> float:
 class OrtGenAISystem(System):
     """ONNX Runtime GenAI greedy decoding on its own builder's export, in a worker process: one request at a
     time (`generate`), or several together through GenAI's Engine (`generate_batch`, up to `max_batch`).
-    Threads may share it; each call holds the worker until its answer is complete."""
+    Threads may share it; each call holds the worker until its answer is complete. `spinning` False keeps the
+    decoder's idle intra-op threads from spin-waiting, as specexport's own sessions do; None leaves GenAI's
+    default (spinning)."""
 
     def __init__(self, checkpoint: Path | None, eos_ids: set[int], precision: str = "fp32",
                  threads: int | None = None, python: str | None = None, source_key: str = "",
-                 log: Callable[[str], None] = print, max_batch: int = 1) -> None:
+                 log: Callable[[str], None] = print, max_batch: int = 1, spinning: bool | None = None) -> None:
         self.checkpoint = checkpoint
         self.eos_ids = eos_ids
         self.precision = precision
@@ -130,6 +132,7 @@ class OrtGenAISystem(System):
         self.source_key = source_key
         self.log = log
         self.max_batch = max_batch
+        self.spinning = spinning
         self.lock = threading.Lock()
         self.name = f"ortgenai-{precision}"
         self.label = f"ORT GenAI {precision}"
@@ -145,9 +148,8 @@ class OrtGenAISystem(System):
         path = build_model(python, found, self.checkpoint, self.source_key, self.precision, self.log)
         threads = self.threads or 0  # 0: ONNX Runtime's default, one per core
         self.stderr = open(path.with_name(path.name + ".worker.log"), "w")  # closed in close()
-        cmd = [python, str(WORKER), "serve", str(path), str(threads)]
-        if self.max_batch > 1:
-            cmd.append(str(self.max_batch))
+        settings = {"max_batch": self.max_batch, **({} if self.spinning is None else {"spinning": self.spinning})}
+        cmd = [python, str(WORKER), "serve", str(path), str(threads), json.dumps(settings)]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
                                      bufsize=1)
         hello = self._read()
@@ -155,8 +157,9 @@ class OrtGenAISystem(System):
             self.close()
             raise Skip(f"ONNX Runtime GenAI could not load {path}: {hello['error']}")
         self.versions = hello["versions"]
+        spin = "" if self.spinning is None else f", spinning {'on' if self.spinning else 'off'}"
         self.note = (f"onnxruntime-genai {found['onnxruntime-genai']} (onnxruntime {found['onnxruntime']}) in"
-                     f" {python}, intra-op threads: {threads or 'default'}, model {path}")
+                     f" {python}, intra-op threads: {threads or 'default'}{spin}, model {path}")
 
     def _read(self) -> dict:
         line = self.proc.stdout.readline()

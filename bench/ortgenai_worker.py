@@ -4,7 +4,9 @@ ours). It imports only the standard library and onnxruntime_genai, never specexp
 
     python ortgenai_worker.py versions
         prints one JSON object: the versions of the packages that matter in this interpreter
-    python ortgenai_worker.py serve MODEL_DIR THREADS [MAX_BATCH]
+    python ortgenai_worker.py serve MODEL_DIR THREADS [SETTINGS]
+        SETTINGS, JSON: {"max_batch": N} sizes the Engine's static batches, {"spinning": false} keeps the
+        decoder's idle intra-op threads from spinning
         prints {"ready": ...} (or {"error": ...}), then answers one JSON request per stdin line,
         {"ids": [...], "max_new_tokens": N, "eos": [...]}, with
         {"tokens": [...], "seconds": S, "finish_reason": "eos"|"length"} (or {"error": ...});
@@ -99,7 +101,7 @@ def generate_batch(og, engine, batch: list[dict], eos: set[int], send) -> None:
     send({"batch_done": True, "seconds": time.perf_counter() - t0})
 
 
-def serve(model_dir: str, threads: int, max_batch: int = 1) -> int:
+def serve(model_dir: str, threads: int, settings: dict | None = None) -> int:
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # the library's own prints must not corrupt the protocol
 
@@ -112,9 +114,13 @@ def serve(model_dir: str, threads: int, max_batch: int = 1) -> int:
         config = og.Config(model_dir)
         # left alone, onnxruntime-genai runs the decoder on one intra-op thread: set it like every other
         # system's so the comparison is of code, not of thread counts
-        overlay: dict = {"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}
-        if max_batch > 1:  # the Engine's static batches hold 4 requests unless told otherwise
-            overlay["engine"] = {"static_batching": {"max_batch_size": max_batch}}
+        settings = settings or {}
+        session: dict = {"intra_op_num_threads": threads}
+        if "spinning" in settings:  # a session option GenAI passes on to ONNX Runtime as a config entry
+            session["session.intra_op.allow_spinning"] = "1" if settings["spinning"] else "0"
+        overlay: dict = {"model": {"decoder": {"session_options": session}}}
+        if settings.get("max_batch", 1) > 1:  # the Engine's static batches hold 4 requests unless told otherwise
+            overlay["engine"] = {"static_batching": {"max_batch_size": int(settings["max_batch"])}}
         config.overlay(json.dumps(overlay))
         model = og.Model(config)
     except Exception as exc:  # reported to the bench, which turns it into a skip reason
@@ -146,8 +152,8 @@ def main(argv: list[str]) -> int:
         print(json.dumps(versions()))
         return 0
     if argv[:1] == ["serve"] and len(argv) in (3, 4):
-        return serve(argv[1], int(argv[2]), *map(int, argv[3:]))
-    print("usage: ortgenai_worker.py versions | serve MODEL_DIR THREADS [MAX_BATCH]", file=sys.stderr)
+        return serve(argv[1], int(argv[2]), json.loads(argv[3]) if len(argv) == 4 else None)
+    print("usage: ortgenai_worker.py versions | serve MODEL_DIR THREADS [SETTINGS]", file=sys.stderr)
     return 2
 
 

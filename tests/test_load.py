@@ -329,11 +329,11 @@ def test_load_script_with_genai_on_tiny_bundles(genai_python, tiny_bundles, tiny
     for name in ("ortgenai-fp32, one at a time", "ortgenai-fp32, batched"):
         for clients in (1, 3):
             cell = cells[(name, clients)]
-            assert cell["requests"] == 6 and 0 < cell["tokens"] <= 48 and cell["cpu_s"] > 0
+            assert cell["requests"] == 6 and 0 < cell["tokens"] <= 48 and cell["cpu_s"] >= 0  # in 10 ms ticks
             assert 0 <= cell["identical_to_ar"] <= 6
     assert cells[("ortgenai-fp32, batched", 1)]["batch_sizes"] == [1] * 6
     sizes = cells[("ortgenai-fp32, batched", 3)]["batch_sizes"]
     assert sum(sizes) == 6 and max(sizes) <= 3
-    assert report["genai"]["versions"]["onnxruntime-genai"]
+    assert report["genai"]["versions"]["onnxruntime-genai"] and "spinning off" in report["genai"]["note"]
     table = capsys.readouterr().out
     assert "| ortgenai-fp32, batched |" in table and "| ar, batched |" in table
