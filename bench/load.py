@@ -15,13 +15,20 @@ The `--requests` are split into `--rounds`, and the systems take turns round by 
 per wall second and per CPU second of the process: on a shared machine the second moves less with the load. No network:
 in-process, the requests go straight to the runtime. The batched scheduler
 needs standard-flavour pieces (`specexport build --flavour standard`), so its AR reference is that bundle's.
+
+With `--genai`, ONNX Runtime GenAI runs beside them at the bundle's precision, on its own builder's export of the
+bundle's source checkpoint in its worker process (bench/ortgenai.py; `--genai-python` or as `specexport bench`
+finds the interpreter), its idle threads not spinning unless `--genai-spinning`: one request at a time, and
+batched, the clients' requests gathered into static batches of up to the number of clients for its Engine
+(StaticBatcher: on the CPU its Engine admits no request into a running batch). Its CPU seconds are the worker's;
+its responses are compared with the default bundle's AR, which they need not equal (other graphs, other
+rounding). Over `--http` too it is driven through that pipe.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import resource
 import statistics
@@ -30,12 +37,19 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..runtime import SpecExportError, load
 from ..runtime.batching import BatchScheduler
 from .machine import default_threads
+from .ortgenai import PRECISIONS as GENAI_PRECISIONS
+from .ortgenai import OrtGenAISystem, process_cpu_s
+from .systems import Skip
+
+if TYPE_CHECKING:
+    from ..runtime.session import Session
 
 PROMPTS = [
     "Explain how a hash table works.", "Write a haiku about the sea.", "What is 17 times 23? Show your steps.",
@@ -56,6 +70,101 @@ class System:
     bundle: str  # whose AR its responses must equal
     run: Callable[[int], list[int]]  # prompt i, one request to its end, on the calling client's thread
     cpu: Callable[[], float] = lambda: cpu_s()  # CPU seconds so far of the process that serves it
+    clients: Callable[[int], None] = lambda n: None  # told the number of clients before each run
+
+
+# runs jobs (prompt ids, max new tokens) together, calling finished(k, tokens) as job k ends; returns when all have
+RunBatch = Callable[[list[tuple[list[int], int]], Callable[[int, list[int]], None]], None]
+
+
+class StaticBatcher:
+    """Requests from many client threads run in static batches, as ONNX Runtime GenAI's Engine runs them on the
+    CPU: what is waiting (up to `max_batch`) goes to `run_batch` together, and the next batch starts only when
+    every request of this one has finished. Each request's answer is handed back as soon as it finishes.
+
+    A batch waits up to `gather_s` after its first request for others to reach `max_batch`: when a batch ends,
+    its clients send their next requests a moment apart, and without the wait the first alone would start the
+    next batch. `max_batch` may be changed between runs (the load script sets it to the number of clients)."""
+
+    def __init__(self, run_batch: RunBatch, max_batch: int, gather_s: float = 0.02) -> None:
+        if max_batch < 1:
+            raise ValueError("max_batch must be at least 1")
+        self.run_batch, self.max_batch, self.gather_s = run_batch, max_batch, gather_s
+        self.batches: list[int] = []  # the size of every batch run so far
+        self._waiting: list[_Job] = []
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="static-batcher", daemon=True)
+        self._thread.start()
+
+    def submit(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+        """The request's new tokens, once its batch has run it to its end (blocks the calling thread)."""
+        job = _Job(list(prompt_ids), max_new_tokens)
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the batcher is closed")
+            self._waiting.append(job)
+            self._cond.notify_all()
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return job.tokens
+
+    def _take(self) -> list[_Job] | None:
+        with self._cond:
+            while not self._waiting and not self._closed:
+                self._cond.wait()
+            if not self._waiting:
+                return None
+            deadline = time.perf_counter() + self.gather_s
+            while len(self._waiting) < self.max_batch and not self._closed:
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            batch, self._waiting = self._waiting[:self.max_batch], self._waiting[self.max_batch:]
+            return batch
+
+    def _loop(self) -> None:
+        while (batch := self._take()) is not None:
+            self.batches.append(len(batch))
+
+            def finished(k: int, tokens: list[int], batch: list[_Job] = batch) -> None:
+                job = batch[k]
+                if job.done.is_set():
+                    raise RuntimeError(f"request {k} of the batch was answered twice")
+                job.tokens = list(tokens)
+                job.done.set()
+
+            try:
+                self.run_batch([(job.prompt, job.max_new_tokens) for job in batch], finished)
+                failure: Exception = RuntimeError("the batch ended without answering this request")
+            except Exception as exc:
+                failure = exc
+            for job in batch:
+                if not job.done.is_set():
+                    job.error = failure
+                    job.done.set()
+
+    def close(self) -> None:
+        """Lets the batch that runs finish, fails the requests still waiting, and stops the dispatching thread."""
+        with self._cond:
+            self._closed = True
+            left, self._waiting = self._waiting, []
+            self._cond.notify_all()
+        for job in left:
+            job.error = RuntimeError("the batcher closed before running this request")
+            job.done.set()
+        self._thread.join()
+
+
+@dataclass
+class _Job:
+    prompt: list[int]
+    max_new_tokens: int
+    tokens: list[int] | None = None
+    error: Exception | None = None
+    done: threading.Event = field(default_factory=threading.Event)
 
 
 def cpu_s() -> float:
@@ -68,6 +177,7 @@ def drive(system: System, prompts: list, clients: int, jobs: list[int], time_lim
     jobs = list(jobs)
     lock = threading.Lock()
     done: list[tuple[int, list[int], float]] = []
+    system.clients(clients)
     t0, c0 = time.perf_counter(), system.cpu()
 
     def client() -> None:
@@ -118,8 +228,7 @@ class Server:
         return reply.json()["specexport"]["token_ids"]
 
     def cpu_s(self) -> float:
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+        return process_cpu_s(self.process.pid)
 
     def stop(self) -> None:
         self.http.close()
@@ -129,12 +238,13 @@ class Server:
 
 def summarize(system: str, clients: int, rounds: list[dict]) -> dict:
     """One cell from its rounds: tokens over the rounds' wall time (and over the process's CPU seconds, which a
-    busy shared machine moves less than the wall clock), latency percentiles over every request."""
+    busy shared machine moves less than the wall clock; None when a cell too short for the clock's 10 ms ticks
+    shows none), latency percentiles over every request."""
     latencies = sorted(s for r in rounds for s in r["latencies"])
     tokens = sum(len(t) for r in rounds for t in r["outputs"].values())
     wall, cpu = sum(r["wall_s"] for r in rounds), sum(r["cpu_s"] for r in rounds)
     return {"system": system, "clients": clients, "requests": len(latencies), "tokens": tokens, "wall_s": wall,
-            "cpu_s": cpu, "tokens_per_s": tokens / wall, "tokens_per_cpu_s": tokens / cpu,
+            "cpu_s": cpu, "tokens_per_s": tokens / wall, "tokens_per_cpu_s": tokens / cpu if cpu > 0 else None,
             "p50_s": statistics.median(latencies),
             "p95_s": latencies[min(len(latencies) - 1, round(0.95 * (len(latencies) - 1)))]}
 
@@ -153,6 +263,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-modes", default="ar,lookup,model,self,auto")
     ap.add_argument("--max-batch", type=int, default=None, help="cache rows (default: the most clients)")
     ap.add_argument("--http", action="store_true", help="drive `specexport serve` processes over HTTP")
+    ap.add_argument("--genai", action="store_true", help="add ONNX Runtime GenAI at the bundle's precision, one"
+                    " request at a time and in static batches of its Engine (in its worker process)")
+    ap.add_argument("--genai-python", default=None, help="the interpreter with onnxruntime-genai (default: as"
+                    " `specexport bench` finds it)")
+    ap.add_argument("--genai-spinning", action="store_true", help="let GenAI's idle intra-op threads spin (its own"
+                    " default; off unless given, as in specexport's sessions)")
     ap.add_argument("--out", default="reports/load.json")
     args = ap.parse_args(argv)
     levels = [int(c) for c in args.clients.split(",")]
@@ -192,6 +308,15 @@ def main(argv: list[str] | None = None) -> int:
 
     systems = [one_at_a_time(m) for m in ["ar", *filter(None, args.modes.split(","))]]
     systems += [batched_system(m) for m in filter(None, args.batch_modes.split(","))]
+    genai, batcher = None, None
+    if args.genai:
+        try:
+            genai, batcher = start_genai(single, max_batch, threads, args.genai_python, args.genai_spinning)
+        except SpecExportError:
+            for server in servers:
+                server.stop()
+            raise
+        systems += genai_systems(genai, batcher, prompts, n, args.bundle, max_batch)
 
     try:
         t0 = time.perf_counter()
@@ -205,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
             # the systems take turns round by round, in an order that rotates, so that a busy spell of the shared
             # machine does not land on one system
             runs: dict[str, list[dict]] = {s.name: [] for s in systems}
+            first_batch = len(batcher.batches) if batcher else 0
             for ri, jobs in enumerate(chunks):
                 k = (li + ri) % len(systems)
                 for system in systems[k:] + systems[:k]:
@@ -214,29 +340,79 @@ def main(argv: list[str] | None = None) -> int:
                 want = reference[system.bundle]
                 cell["identical_to_ar"] = sum(t == want[j % len(prompts)] for r in runs[system.name]
                                               for j, t in r["outputs"].items())
+                if batcher and system.name == f"{genai.name}, batched":
+                    cell["batch_sizes"] = batcher.batches[first_batch:]
                 cells.append(cell)
+                per_cpu = cell["tokens_per_cpu_s"]
                 print(f"{system.name:24} clients {clients}: {cell['tokens_per_s']:6.1f} tokens/s"
-                      f" ({cell['tokens_per_cpu_s']:.1f} per CPU s), p50 {cell['p50_s']:.1f} s,"
+                      f" ({'–' if per_cpu is None else f'{per_cpu:.1f}'} per CPU s), p50 {cell['p50_s']:.1f} s,"
                       f" p95 {cell['p95_s']:.1f} s, {cell['identical_to_ar']}/{cell['requests']} identical to AR",
                       file=sys.stderr)
     finally:
         for server in servers:
             server.stop()
+        if batcher is not None:
+            batcher.close()
+        if genai is not None:
+            genai.close()
     if not servers:
         scheduler.close()
     report = {"date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "argv": sys.argv[1:], "threads": threads,
               "http": bool(servers), "cells": cells}
+    if genai is not None:
+        report["genai"] = {"note": genai.note, "versions": genai.versions}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1))
     print(table(cells, levels, [s.name for s in systems]))
     return 0
 
 
+def start_genai(session: Session, max_batch: int, threads: int, python: str | None = None,
+                spinning: bool = False) -> tuple[OrtGenAISystem, StaticBatcher]:
+    """ONNX Runtime GenAI's export of the bundle's source checkpoint at the bundle's precision, its worker
+    started (with an Engine of `max_batch` rows) and warmed up, and a StaticBatcher over its Engine. Its idle
+    threads spin only if `spinning`: on a shared machine spinning threads take the cores from the running ones
+    (which is why specexport's sessions never spin), and the comparison is of the code, not of that setting."""
+    from ..exporter.model_source import find_checkpoint
+
+    manifest = session.bundle.manifest
+    if manifest.precision not in GENAI_PRECISIONS:
+        raise SpecExportError(f"ONNX Runtime GenAI has no {manifest.precision} CPU build to match the bundle")
+    genai = OrtGenAISystem(find_checkpoint(manifest.provenance.source_sha256), set(session.codec.eos_ids),
+                           manifest.precision, threads, python, manifest.provenance.source_sha256,
+                           log=lambda m: print(m, file=sys.stderr), max_batch=max_batch, spinning=spinning)
+    try:
+        genai.setup()
+    except Skip as exc:
+        raise SpecExportError(f"ONNX Runtime GenAI cannot run: {exc}") from None
+    print(f"ONNX Runtime GenAI: {genai.note}", file=sys.stderr)
+    warm = session.prompt_ids(PROMPTS[0], session.options())
+    # the first calls of a fresh worker allocate what later ones reuse; our sessions warm up on the AR references
+    genai.generate(warm, 8)
+    genai.generate_batch([(warm, 8), (warm, 8)], lambda k, tokens: None)
+    return genai, StaticBatcher(genai.generate_batch, max_batch)
+
+
+def genai_systems(genai: OrtGenAISystem, batcher: StaticBatcher, prompts: list[list[int]], n: int, bundle: str,
+                  max_batch: int) -> list[System]:
+    """GenAI one request at a time (each holds the worker to its end) and in static batches of up to the number
+    of clients; both compared with `bundle`'s AR, their CPU seconds the worker's."""
+
+    def batch_of(clients: int) -> None:
+        batcher.max_batch = min(clients, max_batch)
+
+    return [System(f"{genai.name}, one at a time", bundle, lambda i: genai.generate(prompts[i], n).tokens,
+                   genai.cpu_s),
+            System(f"{genai.name}, batched", bundle, lambda i: batcher.submit(prompts[i], n), genai.cpu_s,
+                   batch_of)]
+
+
 def table(cells: list[dict], levels: list[int], names: list[str]) -> str:
-    """Markdown: a row per system; per client count its tokens/s (with its ratio to the fastest one-at-a-time
-    system at that count), tokens per CPU second (ratio likewise), p50 / p95 latency and how many responses
-    were AR's."""
+    """Markdown: a row per system; per client count its tokens/s (with its ratio to the base: `auto, one at a
+    time` when it ran, else the fastest of specexport's one-at-a-time systems at that count), tokens per CPU
+    second (ratio likewise), p50 / p95 latency and how many responses were AR's."""
     by = {(c["system"], c["clients"]): c for c in cells}
+    ours = [name for name in names if "one at a time" in name and not name.startswith("ortgenai")]
     head = "| system | " + " | ".join(f"{c} client{'s' * (c > 1)}: tokens/s, per CPU s, p50 / p95 s"
                                       for c in levels) + " |"
     lines = [head, "|---" * (len(levels) + 1) + "|"]
@@ -246,8 +422,10 @@ def table(cells: list[dict], levels: list[int], names: list[str]) -> str:
             cell = by[(name, c)]
             ratios = []
             for key in ("tokens_per_s", "tokens_per_cpu_s"):
-                best = max(by[(other, c)][key] for other in names if "one at a time" in other)
-                ratios.append(f"{cell[key]:.1f} ({cell[key] / best:.2f}×)")
+                base = (by[("auto, one at a time", c)][key] if "auto, one at a time" in ours
+                        else max((by[(other, c)][key] or 0.0 for other in ours), default=0.0))
+                ratios.append("–" if cell[key] is None else
+                              f"{cell[key]:.1f} ({cell[key] / base:.2f}×)" if base else f"{cell[key]:.1f}")
             row.append(f"{ratios[0]}, {ratios[1]}, {cell['p50_s']:.1f} / {cell['p95_s']:.1f},"
                        f" {cell['identical_to_ar']}/{cell['requests']} = AR")
         lines.append("| " + " | ".join(row) + " |")

@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -107,12 +108,22 @@ def build_model(python: str, found: dict, checkpoint: Path, source_key: str, pre
     return out
 
 
+def process_cpu_s(pid: int) -> float:
+    """User plus system CPU seconds of a running process of this machine (Linux: /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class OrtGenAISystem(System):
-    """ONNX Runtime GenAI greedy decoding on its own builder's export, in a worker process."""
+    """ONNX Runtime GenAI greedy decoding on its own builder's export, in a worker process: one request at a
+    time (`generate`), or several together through GenAI's Engine (`generate_batch`, up to `max_batch`).
+    Threads may share it; each call holds the worker until its answer is complete. `spinning` False keeps the
+    decoder's idle intra-op threads from spin-waiting, as specexport's own sessions do; None leaves GenAI's
+    default (spinning)."""
 
     def __init__(self, checkpoint: Path | None, eos_ids: set[int], precision: str = "fp32",
                  threads: int | None = None, python: str | None = None, source_key: str = "",
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, max_batch: int = 1, spinning: bool | None = None) -> None:
         self.checkpoint = checkpoint
         self.eos_ids = eos_ids
         self.precision = precision
@@ -120,6 +131,9 @@ class OrtGenAISystem(System):
         self.python = python
         self.source_key = source_key
         self.log = log
+        self.max_batch = max_batch
+        self.spinning = spinning
+        self.lock = threading.Lock()
         self.name = f"ortgenai-{precision}"
         self.label = f"ORT GenAI {precision}"
         self.proc: subprocess.Popen | None = None
@@ -134,15 +148,18 @@ class OrtGenAISystem(System):
         path = build_model(python, found, self.checkpoint, self.source_key, self.precision, self.log)
         threads = self.threads or 0  # 0: ONNX Runtime's default, one per core
         self.stderr = open(path.with_name(path.name + ".worker.log"), "w")  # closed in close()
-        self.proc = subprocess.Popen([python, str(WORKER), "serve", str(path), str(threads)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.stderr, text=True, bufsize=1)
+        settings = {"max_batch": self.max_batch, **({} if self.spinning is None else {"spinning": self.spinning})}
+        cmd = [python, str(WORKER), "serve", str(path), str(threads), json.dumps(settings)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
+                                     bufsize=1)
         hello = self._read()
         if "error" in hello:
             self.close()
             raise Skip(f"ONNX Runtime GenAI could not load {path}: {hello['error']}")
         self.versions = hello["versions"]
+        spin = "" if self.spinning is None else f", spinning {'on' if self.spinning else 'off'}"
         self.note = (f"onnxruntime-genai {found['onnxruntime-genai']} (onnxruntime {found['onnxruntime']}) in"
-                     f" {python}, intra-op threads: {threads or 'default'}, model {path}")
+                     f" {python}, intra-op threads: {threads or 'default'}{spin}, model {path}")
 
     def _read(self) -> dict:
         line = self.proc.stdout.readline()
@@ -151,16 +168,44 @@ class OrtGenAISystem(System):
             raise RuntimeError(f"the ONNX Runtime GenAI worker exited (code {code}); see {self.stderr.name}")
         return json.loads(line)
 
-    def generate(self, prompt_ids: list[int], max_new_tokens: int) -> RunResult:
-        request = {"ids": list(prompt_ids), "max_new_tokens": max_new_tokens, "eos": sorted(self.eos_ids)}
+    def _send(self, request: dict) -> None:
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
-        answer = self._read()
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int) -> RunResult:
+        with self.lock:
+            self._send({"ids": list(prompt_ids), "max_new_tokens": max_new_tokens, "eos": sorted(self.eos_ids)})
+            answer = self._read()
         if "error" in answer:
             raise RuntimeError(f"ONNX Runtime GenAI failed: {answer['error']}")
         tokens, reason = answer["tokens"], answer["finish_reason"]
         # plain autoregressive decoding: one forward pass per token, the EOS's included
         return RunResult(tokens, answer["seconds"], steps=len(tokens) + (reason == "eos"), finish_reason=reason)
+
+    def generate_batch(self, jobs: list[tuple[list[int], int]],
+                       finished: Callable[[int, list[int]], None]) -> None:
+        """Runs `jobs` (prompt ids, max new tokens) as one batch of GenAI's Engine, calling `finished(k, tokens)`
+        (tokens without the EOS) for job k as soon as the worker reports it, and returning when all are done."""
+        failure: Exception | None = None
+        with self.lock:
+            self._send({"batch": [{"ids": list(ids), "max_new_tokens": n} for ids, n in jobs],
+                        "eos": sorted(self.eos_ids)})
+            while True:
+                answer = self._read()
+                if "error" in answer:  # the worker's last line for this batch
+                    raise RuntimeError(f"ONNX Runtime GenAI failed: {answer['error']}")
+                if answer.get("batch_done"):
+                    break
+                try:
+                    finished(answer["index"], answer["tokens"])
+                except Exception as exc:  # read the batch to its end first, or the next call reads its lines
+                    failure = failure or exc
+        if failure is not None:
+            raise failure
+
+    def cpu_s(self) -> float:
+        """CPU seconds the worker process has used so far (what GenAI's decoding costs, apart from the bench's)."""
+        return process_cpu_s(self.proc.pid)
 
     def close(self) -> None:
         if self.proc is not None:
