@@ -180,3 +180,20 @@ def one_torch_thread():
     except ImportError:  # a runtime-only environment
         return
     torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def genai_python() -> str:
+    """An interpreter with the real onnxruntime-genai and its builder's needs (`make bench-env`)."""
+    from specexport.bench import ortgenai as bench_ortgenai
+    from specexport.bench.systems import Skip
+
+    python = bench_ortgenai.find_python()
+    try:
+        found = bench_ortgenai.env_versions(python)
+    except Skip as exc:
+        pytest.skip(str(exc))
+    why = bench_ortgenai._builder_ready(found)
+    if why:
+        pytest.skip(why)
+    return python

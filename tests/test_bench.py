@@ -444,20 +444,6 @@ def test_genai_worker_protocol_with_a_fake_library(tmp_path, monkeypatch):
     assert system.proc is None
 
 
-@pytest.fixture(scope="module")
-def genai_python() -> str:
-    """An interpreter with the real onnxruntime-genai and its builder's needs (`make bench-env`)."""
-    python = bench_ortgenai.find_python()
-    try:
-        found = bench_ortgenai.env_versions(python)
-    except Skip as exc:
-        pytest.skip(str(exc))
-    why = bench_ortgenai._builder_ready(found)
-    if why:
-        pytest.skip(why)
-    return python
-
-
 # -- reports --------------------------------------------------------------------------------------------
 
 

@@ -15,7 +15,6 @@ import pytest
 from specexport.bench import load as bench_load
 from specexport.bench import ortgenai as bench_ortgenai
 from specexport.bench.load import StaticBatcher, System, drive
-from specexport.bench.systems import Skip
 
 
 class ScriptedEngine:
@@ -293,20 +292,6 @@ def test_the_worker_runs_a_batch_through_the_engine_with_a_fake_library(tmp_path
         assert got == [(0, [2, 3])]
     finally:
         other.close()
-
-
-@pytest.fixture(scope="module")
-def genai_python() -> str:
-    """An interpreter with the real onnxruntime-genai and its builder's needs (`make bench-env`)."""
-    python = bench_ortgenai.find_python()
-    try:
-        found = bench_ortgenai.env_versions(python)
-    except Skip as exc:
-        pytest.skip(str(exc))
-    why = bench_ortgenai._builder_ready(found)
-    if why:
-        pytest.skip(why)
-    return python
 
 
 def test_load_script_with_genai_on_tiny_bundles(genai_python, tiny_bundles, tiny_checkpoint, tmp_path, monkeypatch,
