@@ -22,6 +22,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from .backends.common import WrappedPiece
+
 EXACT_HEAD_DIM = 128  # at or below: rows do not depend on the call's length (measured at 64 and 128)
 BOUNDARY = 64  # the non-flash path's one crossing: totals up to 64 round one way, beyond it another
 FLASH_SWITCH = "ORT_GQA_DISABLE_FLASH_ATTENTION"  # read when a session builds its GQA kernels
@@ -56,10 +58,9 @@ def ar_total(position: int, copy: bool) -> int:
 def split_point(start: int, n: int, copy: bool) -> int | None:
     """Where a call of n rows at `start` must be cut so each part's total is on its rows' AR side of
     BOUNDARY; None when it need not be. A row's AR total is ar_total(p); a multi-row part [a, b) has total b."""
-    first_beyond = next((p for p in range(start, start + n) if ar_total(p, copy) > BOUNDARY), None)
-    if first_beyond is None or first_beyond == start:
-        return None  # every row on one side, and so is the call (its total is its last row's AR total or more)
-    return first_beyond - start
+    first_beyond = BOUNDARY - int(copy)  # the first position whose AR total, ar_total, passes BOUNDARY
+    # with every row on one side, so is the call (its total is at least its last row's AR total)
+    return first_beyond - start if start < first_beyond < start + n else None
 
 
 def tree_end(pos: int, max_context: int, copy: bool) -> int:
@@ -68,16 +69,14 @@ def tree_end(pos: int, max_context: int, copy: bool) -> int:
     return min(max_context, BOUNDARY - int(copy)) if ar_total(pos, copy) <= BOUNDARY else max_context
 
 
-class SplitAtBoundary:
+class SplitAtBoundary(WrappedPiece):
     """A piece whose chain calls are cut at split_point and whose parts' results are joined, so every row
     is computed in a call on its AR call's side of BOUNDARY. Tree calls pass through (trees stop short of
     it), as does everything that is not `run`."""
 
     def __init__(self, piece, copy: bool) -> None:
-        self.piece, self.copy = piece, copy
-
-    def __getattr__(self, name: str):
-        return getattr(self.piece, name)
+        super().__init__(piece)
+        self.copy = copy
 
     def tree_end(self, pos: int, max_context: int) -> int:
         return tree_end(pos, max_context, self.copy)

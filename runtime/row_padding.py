@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .backends.common import DeviceStates
+from .backends.common import DeviceStates, WrappedPiece
 from .decode import Pieces, ids_array
 
 PROBE_TOKENS = 6
@@ -37,17 +37,15 @@ def one_row_calls_match(pieces: Pieces, vocab: int) -> bool:
     return bool(np.array_equal(whole, single))
 
 
-class TwoRowCalls:
+class TwoRowCalls(WrappedPiece):
     """A piece whose one-row calls run as two rows: the row and a copy of it at the next position (its
     keys and values land in the next cache slot, which the next call writes before anything reads it); the
     copy's results are dropped. With the context full there is no next slot and the call stays one row,
     as the graph-side padding does. Everything else is the wrapped piece's."""
 
     def __init__(self, piece, max_context: int) -> None:
-        self.piece, self.max_context = piece, max_context
-
-    def __getattr__(self, name: str):
-        return getattr(self.piece, name)
+        super().__init__(piece)
+        self.max_context = max_context
 
     def run(self, x, start: int, keep: int = 1, tree=None) -> dict:
         if x.shape[1] != 1 or tree is not None or start + 2 > self.max_context:

@@ -45,6 +45,16 @@ class Piece(Protocol):
         ...
 
 
+class WrappedPiece:
+    """A piece that changes how some calls run (`run`) and is the wrapped piece in everything else."""
+
+    def __init__(self, piece) -> None:
+        self.piece = piece
+
+    def __getattr__(self, name: str):
+        return getattr(self.piece, name)
+
+
 @dataclass(frozen=True)
 class TreeMask:
     """A call's tokens as part of a token tree rooted at slot `base` (the root's position): token i sits
