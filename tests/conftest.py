@@ -197,3 +197,29 @@ def genai_python() -> str:
     if why:
         pytest.skip(why)
     return python
+
+
+def fake_genai_library(tmp_path: Path, monkeypatch, module_source: str, ckpt_name: str = "ckpt") -> Path:
+    """A fake onnxruntime_genai (`module_source`) on the worker's PYTHONPATH, and a checkpoint whose GenAI
+    model is already in the cache as if the builder had run; returns the checkpoint."""
+    import sys
+    import textwrap
+
+    from specexport.bench import ortgenai as bench_ortgenai
+
+    lib = tmp_path / "lib"
+    (lib / "onnxruntime_genai").mkdir(parents=True)
+    (lib / "onnxruntime_genai" / "__init__.py").write_text(textwrap.dedent(module_source))
+    meta = lib / "onnxruntime_genai-0.0.1.dist-info"
+    meta.mkdir()
+    meta.joinpath("METADATA").write_text("Metadata-Version: 2.1\nName: onnxruntime-genai\nVersion: 0.0.1\n")
+    monkeypatch.setenv("PYTHONPATH", str(lib))
+    monkeypatch.setenv("SPECEXPORT_CACHE", str(tmp_path / "cache"))
+    ckpt = tmp_path / ckpt_name
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    found = bench_ortgenai.env_versions(sys.executable)
+    built = bench_ortgenai.model_dir(ckpt, "sha", "fp32", found)
+    built.mkdir(parents=True)
+    (built / "genai_config.json").write_text("{}")
+    return ckpt

@@ -12,7 +12,6 @@ import json
 import statistics
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import click
@@ -42,6 +41,8 @@ from specexport.bench.runner import BenchConfig, run_bench, run_interleaved, sta
 from specexport.bench.systems import Skip, System, strip_eos
 from specexport.cli.bench import register
 from specexport.runtime.errors import SpecExportError
+
+from .conftest import fake_genai_library
 
 SPECBENCH = Path(__file__).resolve().parents[2] / "shared" / "specbench" / "question.jsonl"
 
@@ -413,22 +414,8 @@ class Generator:
 def test_genai_worker_protocol_with_a_fake_library(tmp_path, monkeypatch):
     """The whole OrtGenAISystem path (interpreter check, cached model, worker, EOS, close) against a fake
     onnxruntime_genai, so the protocol is tested where the real library is not installed."""
-    lib = tmp_path / "lib"
-    (lib / "onnxruntime_genai").mkdir(parents=True)
-    (lib / "onnxruntime_genai" / "__init__.py").write_text(textwrap.dedent(FAKE_GENAI))
-    meta = lib / "onnxruntime_genai-0.0.1.dist-info"
-    meta.mkdir()
-    meta.joinpath("METADATA").write_text("Metadata-Version: 2.1\nName: onnxruntime-genai\nVersion: 0.0.1\n")
-    monkeypatch.setenv("PYTHONPATH", str(lib))
-    monkeypatch.setenv("SPECEXPORT_CACHE", str(tmp_path / "cache"))
-    ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
-    (ckpt / "config.json").write_text("{}")
-    found = bench_ortgenai.env_versions(sys.executable)
-    assert found["onnxruntime-genai"] == "0.0.1"
-    built = bench_ortgenai.model_dir(ckpt, "sha", "fp32", found)  # as if the builder had run already
-    built.mkdir(parents=True)
-    (built / "genai_config.json").write_text("{}")
+    ckpt = fake_genai_library(tmp_path, monkeypatch, FAKE_GENAI)
+    assert bench_ortgenai.env_versions(sys.executable)["onnxruntime-genai"] == "0.0.1"
 
     system = bench_ortgenai.OrtGenAISystem(ckpt, {99}, "fp32", threads=3, python=sys.executable, source_key="sha")
     system.setup()

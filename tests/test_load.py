@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import sys
-import textwrap
 import threading
 import time
 
@@ -15,6 +14,8 @@ import pytest
 from specexport.bench import load as bench_load
 from specexport.bench import ortgenai as bench_ortgenai
 from specexport.bench.load import StaticBatcher, System, drive
+
+from .conftest import fake_genai_library
 
 
 class ScriptedEngine:
@@ -46,18 +47,22 @@ def expected(prompt: list[int], n: int) -> list[int]:
     return list(range(prompt[-1] + 1, prompt[-1] + 1 + n))
 
 
+def run_together(clients: list) -> None:
+    """Starts every client on a thread of its own and waits for all of them."""
+    threads = [threading.Thread(target=c) for c in clients]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def test_batches_are_bounded_and_every_request_is_answered_once_with_its_own_tokens():
     engine = ScriptedEngine()
     batcher = StaticBatcher(engine, max_batch=3)
     prompts = [[i * 100] for i in range(10)]
     results: dict[int, list[int]] = {}
     try:
-        threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, batcher.submit(prompts[i], 4 + i)))
-                   for i in range(10)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        run_together([lambda i=i: results.__setitem__(i, batcher.submit(prompts[i], 4 + i)) for i in range(10)])
     finally:
         batcher.close()
     assert results == {i: expected(prompts[i], 4 + i) for i in range(10)}
@@ -75,11 +80,7 @@ def test_a_batch_gathers_requests_that_arrive_a_moment_apart():
         batcher.submit([i], 2)
 
     try:
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        run_together([lambda i=i: client(i) for i in range(4)])
     finally:
         batcher.close()
     assert batcher.batches == [4]
@@ -242,22 +243,7 @@ class Engine:
 
 
 def fake_genai(tmp_path, monkeypatch, ckpt_name: str = "ckpt"):
-    lib = tmp_path / "lib"
-    (lib / "onnxruntime_genai").mkdir(parents=True)
-    (lib / "onnxruntime_genai" / "__init__.py").write_text(textwrap.dedent(FAKE_GENAI_ENGINE))
-    meta = lib / "onnxruntime_genai-0.0.1.dist-info"
-    meta.mkdir()
-    meta.joinpath("METADATA").write_text("Metadata-Version: 2.1\nName: onnxruntime-genai\nVersion: 0.0.1\n")
-    monkeypatch.setenv("PYTHONPATH", str(lib))
-    monkeypatch.setenv("SPECEXPORT_CACHE", str(tmp_path / "cache"))
-    ckpt = tmp_path / ckpt_name
-    ckpt.mkdir()
-    (ckpt / "config.json").write_text("{}")
-    found = bench_ortgenai.env_versions(sys.executable)
-    built = bench_ortgenai.model_dir(ckpt, "sha", "fp32", found)  # as if the builder had run already
-    built.mkdir(parents=True)
-    (built / "genai_config.json").write_text("{}")
-    return ckpt
+    return fake_genai_library(tmp_path, monkeypatch, FAKE_GENAI_ENGINE, ckpt_name)
 
 
 def test_the_worker_runs_a_batch_through_the_engine_with_a_fake_library(tmp_path, monkeypatch):
