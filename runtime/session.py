@@ -7,6 +7,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,17 +60,14 @@ def _open_pieces(bundle: Bundle, backend: str, providers: list[str] | None,
     dims = bundle.manifest.model.dims
     sensitive = backend == "onnxruntime" and length_sensitive(bundle.manifest.graph.flavour, dims.head_dim)
     opened = {}
-    for name in bundle.pieces:
-        if sensitive and name in ("shallow", "deep"):  # their attention rounds by length (attention_rounding.py)
-            with flash_attention_off():
-                opened[name] = open_piece(name)
-        else:
+    for name in bundle.pieces:  # shallow's and deep's attention may round by length (attention_rounding.py)
+        with flash_attention_off() if sensitive and name in ("shallow", "deep") else nullcontext():
             opened[name] = open_piece(name)
     pieces = Pieces(**opened, draft_vocab=bundle.draft_vocab("adapter"), drafter_vocab=bundle.draft_vocab("drafter"),
-                    vocab_size=bundle.manifest.model.dims.vocab)
+                    vocab_size=dims.vocab)
     min_rows = min(bundle.pieces["shallow"].min_rows, bundle.pieces["deep"].min_rows)
     # one-row calls must round as verification rows on this machine, or the session pads them itself
-    padded = pad_if_needed(pieces, bundle.manifest.model.dims.vocab, min_rows, bundle.max_context)
+    padded = pad_if_needed(pieces, dims.vocab, min_rows, bundle.max_context)
     if sensitive and pieces.deep.device is None:  # (a GPU provider's attention is not ONNX Runtime's CPU kernel)
         copy = padded or bundle.pieces["deep"].one_row_padding != "none"
         pieces.shallow = SplitAtBoundary(pieces.shallow, copy)
