@@ -250,21 +250,23 @@ def kernels(paths: list[str], tokens: int) -> None:
             files = _profile_bundle(path, tokens, prefix)
         table: collections.Counter = collections.Counter()
         for f in files:
-            table.update(_ms_per_run_by_op(f))
+            table.update(_ms_per_run_by_op(f, tokens - 1))
         print(path, json.dumps({k: round(v, 3) for k, v in table.most_common()}))
 
 
-def _ms_per_run_by_op(profile_file: str) -> dict[str, float]:
+def _ms_per_run_by_op(profile_file: str, steps: int) -> dict[str, float]:
     events = json.loads(Path(profile_file).read_text())
     runs = sorted(e["ts"] for e in events if e.get("cat") == "Session" and e["name"] == "model_run")
-    decode = runs[1]  # the first run is the prefill
+    # the last `steps` runs are one-token decode steps; before them come the prefill and, in a bundle's
+    # session, the load-time probe of one-row calls (runtime/row_padding.py)
+    decode = runs[-steps]
     by_op: collections.Counter = collections.Counter()
     for e in events:
         if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= decode:
             by_op[e["args"]["op_name"]] += e["dur"]
     by_op["(whole run)"] = sum(e["dur"] for e in events if e.get("cat") == "Session"
                                and e["name"] == "model_run" and e["ts"] >= decode)
-    return {k: v / (len(runs) - 1) / 1e3 for k, v in by_op.items()}
+    return {k: v / steps / 1e3 for k, v in by_op.items()}
 
 
 def _profile_bundle(bundle: str, tokens: int, prefix: str) -> list[str]:
