@@ -28,10 +28,12 @@ def probe_ids(vocab: int) -> list[int]:
 
 def one_row_calls_match(pieces: Pieces, vocab: int) -> bool:
     """True when the last token's logits from a call of PROBE_TOKENS rows equal, bit for bit, those of a
-    call of the others followed by a one-row call (through shallow and deep)."""
+    call of the others followed by a one-row call (through shallow and deep). The whole call keeps every
+    row's logits, as a verification call does: the LM head's kernels, too, may round a one-row call (an AR
+    step) otherwise than a row of many (MLAS's int4 blocks of 64 and more, int8 blocks of 128 and more)."""
     ids = probe_ids(vocab)
     last = len(ids) - 1
-    whole = pieces.deep.run(pieces.shallow.run(ids_array(ids), 0)["hidden"], 0, keep=1)["logits"].copy()
+    whole = pieces.deep.run(pieces.shallow.run(ids_array(ids), 0)["hidden"], 0, keep=len(ids))["logits"][:, -1:].copy()
     pieces.deep.run(pieces.shallow.run(ids_array(ids[:last]), 0)["hidden"], 0, keep=1)
     single = pieces.deep.run(pieces.shallow.run(ids_array(ids[last:]), last)["hidden"], last, keep=1)["logits"]
     return bool(np.array_equal(whole, single))

@@ -84,6 +84,30 @@ def test_a_bundle_that_pads_attention_keeps_one_row_calls_exact(tiny_bundles):
     np.testing.assert_array_equal(_verification_rows(session.pieces, [1] * 6), whole)
 
 
+def test_the_probe_reads_the_lm_heads_rows_as_verification_does(tmp_path, tiny_checkpoint):
+    # int4 LM head in blocks of 128: MLAS may round its one-row call otherwise than a row of a many-row call
+    # even where every layer's one-row call matches (an AVX-512 VNNI x86 does). A verification call keeps
+    # every row's logits, so the probe must compare those, not a whole call that keeps its last row only
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('name = "tiny"\n[export]\nexit_layer = 2\nprecision = "int4"\n'
+                      '[export.quantize]\nlm_head_block_size = 128\n')
+    build_bundle(tmp_path / "b", recipe=str(recipe), model=str(tiny_checkpoint), context=128, adapter="untrained")
+    session = load(tmp_path / "b")
+    raw = _open_pieces(session.bundle, "onnxruntime", None, None)
+    for name in ("shallow", "deep"):  # _open_pieces wraps them where the probe failed
+        piece = getattr(raw, name)
+        setattr(raw, name, getattr(piece, "piece", piece))
+    exact = np.array_equal(_verification_rows(raw, [1] * 6), _verification_rows(raw, [6]))
+    assert one_row_calls_match(raw, session.bundle.manifest.model.dims.vocab) == exact
+    assert session.one_row_calls == ("attention" if exact else "session")
+    whole = _verification_rows(session.pieces, [6])
+    np.testing.assert_array_equal(_verification_rows(session.pieces, [1] * 6), whole)
+    for prompt in PROMPTS:
+        ids = session.prompt_ids(prompt, session.options())
+        ar = session.generate_ids(ids, max_new_tokens=32, mode="ar").tokens
+        assert session.generate_ids(ids, max_new_tokens=32, mode="lookup").tokens == ar, prompt
+
+
 class RecordingPiece:
     """A test double for a backend piece: records each call and returns per-row outputs that name the row."""
 
