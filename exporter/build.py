@@ -98,7 +98,7 @@ def _dequantized_reference(model, exit_layer: int, adapter, vocab_map: np.ndarra
     import copy
 
     dq_model = copy.deepcopy(model)
-    quantize.fake_quantize_torch(dq_model, spec, skip=() if spec.lm_head else (dq_model.lm_head,))
+    quantize.fake_quantize_torch(dq_model, spec, lm_head=dq_model.lm_head)
     dq_adapter = None
     if adapter is not None:
         dq_adapter = copy.deepcopy(adapter)
@@ -106,7 +106,7 @@ def _dequantized_reference(model, exit_layer: int, adapter, vocab_map: np.ndarra
     dq_drafter = None
     if drafter is not None:
         dq_drafter = copy.deepcopy(drafter)
-        quantize.fake_quantize_torch(dq_drafter, spec, skip=() if spec.lm_head else (dq_drafter.lm_head,))
+        quantize.fake_quantize_torch(dq_drafter, spec, lm_head=dq_drafter.lm_head)
     return _reference(dq_model, exit_layer, dq_adapter, vocab_map, dq_drafter, drafter_vocab)
 
 

@@ -16,7 +16,7 @@ weights: a packing error cannot hide on both sides.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import onnx
@@ -29,8 +29,11 @@ BITS = {"int4": 4, "int8": 8}
 # Chosen by teacher-forced agreement with fp32 and AR speed on SmolLM2-135M (BENCHMARKS.md, "int4 / int8
 # weight-only quantization variants"): at int4 zero points buy agreement at no speed cost, and blocks of 64
 # lose more agreement than they gain speed, so blocks of 32. At 8 bits ONNX Runtime's int8 activations
-# dominate the error whatever the weights do: symmetric, no zero points to store.
-DEFAULTS = {"int4": {"symmetric": False}, "int8": {"symmetric": True}}
+# dominate the error whatever the weights do: symmetric, no zero points to store. The int8 LM head takes blocks
+# of 64: a one-token call's head then costs about two thirds (AR ~8% faster, agreement unchanged), and MLAS still
+# rounds its one-row calls as rows of many; int4 blocks of 64 or more, and int8 of 128 or more, do not, so a
+# session would have to run every AR step at two rows (BENCHMARKS.md, 2026-11-25 evening, "the LM head").
+DEFAULTS = {"int4": {"symmetric": False}, "int8": {"symmetric": True, "lm_head_block_size": 64}}
 LM_HEAD = "lm_head"  # the initializer name llama_graph gives the LM head of `deep` and `adapter`
 
 
@@ -46,9 +49,24 @@ class QuantSpec:
     # agreement that the error-minimising scales below also buy, at no cost
     lm_head: bool = True
     search: bool = True  # per block, the scale of least squared error rather than plain min-max
+    # The LM head alone is a fifth of a one-token call's MatMulNBits time, and its cost falls with the
+    # block size far more than a decoder layer's does (fewer per-block scale steps across 49k outputs)
+    lm_head_bits: int | None = None  # None: as the decoder layers
+    lm_head_block_size: int | None = None
 
     def as_dict(self) -> dict:
         return {"op": "com.microsoft.MatMulNBits", **asdict(self)}
+
+    def for_lm_head(self) -> QuantSpec:
+        """The quantization of the LM head: the layers' own unless the recipe gives the head its own bits
+        or block size (symmetric then, as 8-bit codes need no zero point to keep agreement)."""
+        bits = self.lm_head_bits or self.bits
+        block = self.lm_head_block_size or self.block_size
+        if (bits, block) == (self.bits, self.block_size):
+            return self
+        symmetric = self.symmetric if bits == self.bits else bits == 8
+        return replace(self, bits=bits, block_size=block, symmetric=symmetric, lm_head_bits=None,
+                       lm_head_block_size=None)
 
 
 def spec_for(precision: str, **overrides) -> QuantSpec | None:
@@ -61,9 +79,12 @@ def spec_for(precision: str, **overrides) -> QuantSpec | None:
         raise SpecExportError(f"unknown quantization setting {', '.join(unknown)} in the recipe's [export.quantize];"
                               f" use {', '.join(sorted(known))}")
     spec = QuantSpec(bits=BITS[precision], **{**DEFAULTS[precision], **overrides})
-    if spec.block_size < 16 or spec.block_size & (spec.block_size - 1):
-        raise SpecExportError(f"quantization block size {spec.block_size} is not a power of two >= 16;"
-                              " use 16, 32, 64 or 128")
+    for key, block in (("block_size", spec.block_size), ("lm_head_block_size", spec.lm_head_block_size)):
+        if block is not None and (not isinstance(block, int) or block < 16 or block & (block - 1)):
+            raise SpecExportError(f"recipe [export.quantize] {key} = {block!r} is not a power of two >= 16;"
+                                  " use 16, 32, 64, 128 or 256")
+    if spec.lm_head_bits not in (None, 4, 8):
+        raise SpecExportError(f"recipe [export.quantize] lm_head_bits = {spec.lm_head_bits!r}; use 4 or 8")
     return spec
 
 
@@ -197,9 +218,10 @@ def quantize_model(model: onnx.ModelProto, spec: QuantSpec) -> tuple[onnx.ModelP
         if uses[weight.name] != 1:  # a shared weight would need both users rewritten; ours are not shared
             raise SpecExportError(f"weight {weight.name!r} feeds {uses[weight.name]} nodes; the quantizer expects"
                                   " one MatMul per weight, please report this model")
-        pw = quantize_weight(numpy_helper.to_array(weight), spec)
+        wspec = spec.for_lm_head() if weight.name == LM_HEAD else spec
+        pw = quantize_weight(numpy_helper.to_array(weight), wspec)
         base = weight.name
-        inputs = [node.input[0], f"{base}_q{spec.bits}", f"{base}_scales"]
+        inputs = [node.input[0], f"{base}_q{wspec.bits}", f"{base}_scales"]
         graph.initializer.append(numpy_helper.from_array(pw.packed, inputs[1]))
         graph.initializer.append(numpy_helper.from_array(pw.scales, inputs[2]))
         if pw.zero_points is not None:
@@ -207,8 +229,8 @@ def quantize_model(model: onnx.ModelProto, spec: QuantSpec) -> tuple[onnx.ModelP
             graph.initializer.append(numpy_helper.from_array(pw.zero_points, inputs[3]))
         name = f"{node.name or node.output[0]}_nbits"
         nodes.append(helper.make_node("MatMulNBits", inputs, list(node.output), name=name, domain=MS_DOMAIN,
-                                      K=pw.k, N=pw.n, bits=spec.bits, block_size=spec.block_size,
-                                      accuracy_level=spec.accuracy_level))
+                                      K=pw.k, N=pw.n, bits=wspec.bits, block_size=wspec.block_size,
+                                      accuracy_level=wspec.accuracy_level))
         dropped.add(weight.name)
         quantized.append(weight.name)
     del graph.node[:]
@@ -229,14 +251,17 @@ def quantize_model(model: onnx.ModelProto, spec: QuantSpec) -> tuple[onnx.ModelP
     return model, summary
 
 
-def fake_quantize_torch(module, spec: QuantSpec, skip: tuple = ()) -> None:
-    """Round every nn.Linear weight under `module` (except those in `skip`) exactly as the graph does,
-    in place. Quantizing per output row makes packing q/k/v or gate/up together in the graph give the
-    same numbers as rounding each Linear on its own."""
+def fake_quantize_torch(module, spec: QuantSpec, lm_head=None) -> None:
+    """Round every nn.Linear weight under `module` exactly as the graph does, in place; `lm_head` (one of
+    them) as the spec rounds the LM head, or not at all when it keeps the head in fp32. Quantizing per
+    output row makes packing q/k/v or gate/up together in the graph give the same numbers as rounding each
+    Linear on its own."""
     import torch
 
+    if lm_head is not None and spec.lm_head:
+        fake_quantize_torch(lm_head, spec.for_lm_head())
     for sub in module.modules():
-        if isinstance(sub, torch.nn.Linear) and sub not in skip:
+        if isinstance(sub, torch.nn.Linear) and sub is not lm_head:
             w = sub.weight.detach().float().cpu().numpy()
             sub.weight = torch.nn.Parameter(torch.from_numpy(fake_quantize(w.T, spec).T.copy()),
                                             requires_grad=False)

@@ -80,6 +80,11 @@ def test_bundle_is_quantized_and_passes_parity(quantized_bundles, precision):
         assert all(v >= report["min_top1_agreement"] for v in report["top1_agreement"].values()), name
     assert manifest["pieces"]["shallow"]["quantization"]["float_weights"] == ["embed_tokens"]  # the Gather stays
     assert manifest["pieces"]["deep"]["quantization"]["lm_head_quantized"] is True
+    deep = onnx.load(str(bundle / manifest["pieces"]["deep"]["file"]), load_external_data=False).graph
+    head = next(n for n in deep.node if n.op_type == "MatMulNBits" and n.input[1].startswith(quantize.LM_HEAD))
+    # the defaults: int8's head in blocks of 64, int4's as its layers
+    block = {a.name: helper.get_attribute_value(a) for a in head.attribute}["block_size"]
+    assert block == {"int8": 64, "int4": 32}[precision]
 
 
 @pytest.mark.parametrize("precision", ["int8", "int4"])
@@ -120,6 +125,48 @@ def test_quantized_precision_refused_where_matmulnbits_cannot_run(tmp_path, tiny
 def test_unknown_block_size_is_one_sentence():
     with pytest.raises(SpecExportError, match="power of two"):
         quantize.spec_for("int4", block_size=48)
+    with pytest.raises(SpecExportError, match="lm_head_block_size = 48 is not a power of two"):
+        quantize.spec_for("int4", lm_head_block_size=48)
+    with pytest.raises(SpecExportError, match="lm_head_bits = 5; use 4 or 8"):
+        quantize.spec_for("int8", lm_head_bits=5)
+
+
+def _two_matmul_model(w: np.ndarray, head: np.ndarray) -> onnx.ModelProto:
+    nodes = [helper.make_node("MatMul", ["a", "w"], ["h"], name="mm"),
+             helper.make_node("MatMul", ["h", quantize.LM_HEAD], ["y"], name="head")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["m", w.shape[0]])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", head.shape[1]])],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(head, quantize.LM_HEAD)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize(("precision", "head_bits", "head_block"), [("int4", None, 128), ("int4", 8, 64),
+                                                                    ("int8", 4, 32), ("int8", None, 64)])
+def test_the_lm_head_takes_its_own_bits_and_block(precision, head_bits, head_block):
+    rng = np.random.default_rng(1)
+    w, head = rng.standard_normal((160, 160)).astype(np.float32), rng.standard_normal((160, 48)).astype(np.float32)
+    spec = quantize.spec_for(precision, lm_head_bits=head_bits, lm_head_block_size=head_block, accuracy_level=0)
+    head_spec = spec.for_lm_head()
+    assert (head_spec.bits, head_spec.block_size) == (head_bits or spec.bits, head_block)
+    model, _ = quantize.quantize_model(_two_matmul_model(w, head), spec)
+    attrs = {n.name: {a.name: helper.get_attribute_value(a) for a in n.attribute} for n in model.graph.node}
+    assert (attrs["mm_nbits"]["bits"], attrs["mm_nbits"]["block_size"]) == (spec.bits, 32)
+    assert (attrs["head_nbits"]["bits"], attrs["head_nbits"]["block_size"]) == (head_spec.bits, head_block)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    a = rng.standard_normal((3, 160)).astype(np.float32)
+    want = a @ quantize.fake_quantize(w, spec) @ quantize.fake_quantize(head, head_spec)
+    np.testing.assert_allclose(session.run(None, {"a": a})[0], want, rtol=1e-3, atol=1e-3)
+    # PyTorch's side of the parity check rounds the head the same way, and the layers as before
+    torch = pytest.importorskip("torch")
+    net = torch.nn.Sequential(torch.nn.Linear(160, 160, bias=False), torch.nn.Linear(160, 48, bias=False))
+    with torch.no_grad():
+        net[0].weight.copy_(torch.from_numpy(w.T.copy()))
+        net[1].weight.copy_(torch.from_numpy(head.T.copy()))
+    quantize.fake_quantize_torch(net, spec, lm_head=net[1])
+    np.testing.assert_array_equal(net[0].weight.detach().numpy().T, quantize.fake_quantize(w, spec))
+    np.testing.assert_array_equal(net[1].weight.detach().numpy().T, quantize.fake_quantize(head, head_spec))
 
 
 def test_float_precisions_are_not_quantized():
