@@ -129,10 +129,11 @@ class Session:
         return TextStream(self, self.prompt_ids(prompt, opts), opts)
 
     def generate(self, prompt: str, **overrides) -> Generation:
-        return self.stream(prompt, **overrides).generation()
+        opts = self.options(**overrides)
+        return TextStream(self, self.prompt_ids(prompt, opts), opts, streaming=False).generation()
 
     def generate_ids(self, prompt_ids: list[int], **overrides) -> Generation:
-        return TextStream(self, list(prompt_ids), self.options(**overrides)).generation()
+        return TextStream(self, list(prompt_ids), self.options(**overrides), streaming=False).generation()
 
     # -- the loop driver -------------------------------------------------------------------------
 
@@ -193,11 +194,11 @@ class TextStream:
     """One request: iterate it for text as it is generated. Its state (options, stats, the text so far) is its
     own, never the Session's."""
 
-    def __init__(self, session: Session, prompt_ids: list[int], opts: Options) -> None:
+    def __init__(self, session: Session, prompt_ids: list[int], opts: Options, streaming: bool = True) -> None:
         self.opts = opts
         self.stats = Stats()
         self.finish_reason = "length"
-        self._detok = Detokenizer(session.codec, opts.stop)
+        self._detok = Detokenizer(session.codec, opts.stop, streaming)
         self._chunks = session._tokens(prompt_ids, opts, self._detok, self.stats)
 
     def __iter__(self) -> Iterator[str]:

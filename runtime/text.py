@@ -43,16 +43,21 @@ class Detokenizer:
     of a stop string before the next tokens show whether it is one. `emitted` is the request's text (cut
     before a stop string once one appears); the deltas add up to it."""
 
-    def __init__(self, codec: TextCodec, stop: list[str] | tuple[str, ...] = ()) -> None:
+    def __init__(self, codec: TextCodec, stop: list[str] | tuple[str, ...] = (), streaming: bool = True) -> None:
         self.codec = codec
         self.stop = [s for s in stop if s]
         self.ids: list[int] = []
         self.emitted = ""
         self.stopped = False
         self._shown = 0  # characters of `emitted` streamed so far
+        # Decoding the whole text again at every step costs an AR token ~1% at 128 tokens and grows with the
+        # length; a request read only at its end with no stop string to watch for decodes once, in flush
+        self._deferred = not streaming and not self.stop
 
     def push(self, ids: list[int]) -> str:
         self.ids.extend(ids)
+        if self._deferred:
+            return ""
         text = self.codec.decode(self.ids)
         if text.endswith("\ufffd"):  # a multi-byte character still arriving
             return ""
@@ -68,6 +73,11 @@ class Detokenizer:
 
     def flush(self) -> str:
         """What is held back, once the request ends without the stop string completing."""
+        if self._deferred:  # the text of the longest run of ids that ends on a whole character
+            end = len(self.ids)
+            while end and (text := self.codec.decode(self.ids[:end])).endswith("\ufffd"):
+                end -= 1
+            self.emitted = text if end else ""
         delta = self.emitted[self._shown:]
         self._shown = len(self.emitted)
         return delta

@@ -69,3 +69,16 @@ def test_sample_tune_draft_length_runs(tiny_bundles):
     rows = [line.split() for line in out.stdout.splitlines()[1:]]
     assert [r[:2] for r in rows] == [["0.0", "2"], ["0.5", "2"]]
     assert all(float(r[2]) >= 1.0 for r in rows)  # tau counts the target's own token
+
+
+def test_generate_returns_the_text_a_stream_of_the_same_request_shows(tiny_bundles):
+    from specexport.runtime import load
+
+    session = load(tiny_bundles("ort", 2))
+    for prompt in ("Explain how a hash table works.", "write a haiku about the sea"):
+        for options in ({"mode": "ar"}, {"mode": "lookup"}, {"mode": "ar", "stop": ["e"]}):
+            stream = session.stream(prompt, max_new_tokens=24, **options)
+            streamed = "".join(stream)
+            whole = session.generate(prompt, max_new_tokens=24, **options)
+            assert whole.text == streamed and whole.finish_reason == stream.finish_reason, (prompt, options)
+            assert whole.tokens == stream.generation().tokens

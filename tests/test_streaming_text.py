@@ -67,3 +67,30 @@ def test_held_back_text_is_streamed_when_the_stop_string_does_not_complete():
     detok = Detokenizer(Chars(), ["STOP"])
     out = [detok.push([ord(c)]) for c in "end ST"] + [detok.flush()]
     assert "".join(out) == "end ST"  # the request ended: what was held is shown
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("text", TEXTS)
+def test_a_request_read_at_its_end_decodes_once_to_the_streamed_text(codec, text):
+    ids = codec.encode(text)
+    calls = []
+
+    class Counting:
+        def decode(self, ids):
+            calls.append(len(ids))
+            return codec.decode(ids)
+
+    for step in (1, 3):
+        deferred = Detokenizer(Counting(), streaming=False)
+        calls.clear()
+        pushed = [deferred.push(ids[i:i + step]) for i in range(0, len(ids), step)]
+        assert pushed == [""] * len(pushed) and calls == []  # nothing decoded along the way
+        assert deferred.flush() == text == deferred.emitted and calls == [len(ids)]
+    # the ids end inside a character: the text stops before it, as streaming shows it
+    cut = next(k for k in range(len(ids), 0, -1) if codec.decode(ids[:k]).endswith("\ufffd"))
+    deferred = Detokenizer(codec, streaming=False)
+    deferred.push(ids[:cut])
+    streamed, _ = _stream(codec, ids[:cut])
+    assert deferred.flush() == "".join(streamed) and "\ufffd" not in deferred.emitted
+    # a stop string must be watched token by token: such a request still streams
+    assert not Detokenizer(codec, ["x"], streaming=False)._deferred
