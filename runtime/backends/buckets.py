@@ -14,6 +14,12 @@ of its buffer, each head's `bucket` slots after the previous head's. Crossing in
 lays the cache out again, once, into the other of the two swap buffers: kv_heads rows of the old bucket's
 slots, from a pitch of the old bucket to a pitch of the new one, never within one buffer. A new sequence
 (position 0) starts again at the smallest bucket; a rollback keeps the bucket it has.
+
+The `ort` graphs' GroupQueryAttention writes its one buffer in place (shared mode), but its CPU kernel's time
+also grows with the bound length, not only the used one (SmolLM2-135M int8, one thread: 14.2 ms a token bound
+at 2,048 slots, 12.0 at 512; BENCHMARKS.md), and its rows are the same bit for bit at any length. So those
+caches follow buckets too, with one slot to spare for the copied row of a one-token call (multirow.py), and
+a growth lays the one buffer out again in place (`relayout_in_place`).
 """
 
 from __future__ import annotations
@@ -79,6 +85,15 @@ def view(flat: np.ndarray, shape: tuple[int, ...], size: int) -> np.ndarray:
     full = list(shape)
     full[2] = size
     return flat[: int(np.prod(full))].reshape(full)
+
+
+def relayout_in_place(flat: np.ndarray, shape: tuple[int, ...], old: int, new: int) -> None:
+    """The same move within one buffer (shared mode: one buffer is both past and present). Each head's
+    slots move right, so the last head goes first and none is overwritten before it is read; numpy copies an
+    overlapping range as if through a temporary."""
+    row = shape[-1]
+    for r in range(int(np.prod(shape[:2])) - 1, 0, -1):  # batch x kv_heads rows of slots; row 0 stays
+        flat[r * new * row:(r * new + old) * row] = flat[r * old * row:(r + 1) * old * row]
 
 
 def relayout_host(src: np.ndarray, dst: np.ndarray, shape: tuple[int, ...], old: int, new: int) -> None:

@@ -10,7 +10,7 @@ import onnxruntime as ort
 
 from ..errors import SpecExportError
 from ..manifest import Piece as PieceSpec
-from .buckets import CacheBuckets, dynamic_cache_len, relayout_host, view
+from .buckets import CacheBuckets, dynamic_cache_len, relayout_host, relayout_in_place, view
 from .common import DeviceStates, TreeMask, bias_input, bias_spec, check_io, control_feeds
 from .ort_device import StateStore, bind_states, device_biases
 
@@ -110,9 +110,10 @@ class OrtPiece:
         # the provider the session really got (ONNX Runtime falls back to the CPU when one is missing)
         self.device = next((DEVICE_PROVIDERS[p] for p in self.session.get_providers() if p in DEVICE_PROVIDERS),
                            None)
-        # swap mode on the host: flat buffers for the full context, bound a bucket at a time
-        self._buckets = (CacheBuckets(max_context) if self.kv_mode == "swap" and self.device is None
-                         and dynamic_cache_len(self.inputs) else None)
+        # on the host: flat buffers for the full context, bound a bucket at a time (buckets.py)
+        self._buckets = (CacheBuckets(max_context) if self.device is None and dynamic_cache_len(self.inputs)
+                         else None)
+        self._bound = 0  # shared mode: the bucket the caches are bound at now (rebound when it changes)
         self._shapes: list[tuple[int, ...]] = []
         for t in self.inputs:
             if not t.name.startswith("past_"):
@@ -137,7 +138,7 @@ class OrtPiece:
         # too, at a cost that showed in the profile (BENCHMARKS.md)
         self._result_specs = [(t.name, np.dtype(t.dtype), t.shape) for t in self.outputs if t.name in self.result_names]
         self._shaped = all(isinstance(d, int) or d in _AXES for _, _, shape in self._result_specs for d in shape)
-        if self.kv_mode == "shared":
+        if self.kv_mode == "shared" and self._buckets is None:
             self._bind_caches()  # the same buffers every call: bound once, not 2 x layers binds a call
         if self.device is not None:
             self._init_device()
@@ -149,6 +150,8 @@ class OrtPiece:
 
     def _bind_bucket(self, start: int, n: int) -> int:
         """Binds every cache at the call's bucket, laying the caches out again first when it grew."""
+        if self.kv_mode == "shared":
+            return self._bind_shared_bucket(start, n)
         size, grown_from = self._buckets.for_call(start, n)
         for (past, present, _), arrays, shape in zip(self._caches, self._arrays, self._shapes, strict=True):
             if grown_from is not None:
@@ -156,6 +159,20 @@ class OrtPiece:
                 arrays.reverse()
             self.binding.bind_ortvalue_input(past, ort.OrtValue.ortvalue_from_numpy(view(arrays[0], shape, size)))
             self.binding.bind_ortvalue_output(present, ort.OrtValue.ortvalue_from_numpy(view(arrays[1], shape, size)))
+        return size
+
+    def _bind_shared_bucket(self, start: int, n: int) -> int:
+        # a slot to spare: a one-token call's copied row goes to the next slot when the buffer has one
+        size, grown_from = self._buckets.for_call(start, n + 1)
+        if grown_from is None and size == self._bound:
+            return size  # bound already: most calls rebind nothing
+        for (past, present, _), arrays, shape in zip(self._caches, self._arrays, self._shapes, strict=True):
+            if grown_from is not None:
+                relayout_in_place(arrays[0], shape, grown_from, size)
+            cache = ort.OrtValue.ortvalue_from_numpy(view(arrays[0], shape, size))
+            self.binding.bind_ortvalue_input(past, cache)
+            self.binding.bind_ortvalue_output(present, cache)
+        self._bound = size
         return size
 
     def _bind_results(self, n: int, keep: int) -> dict[str, np.ndarray] | None:
