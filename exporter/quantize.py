@@ -30,9 +30,9 @@ BITS = {"int4": 4, "int8": 8}
 # weight-only quantization variants"): at int4 zero points buy agreement at no speed cost, and blocks of 64
 # lose more agreement than they gain speed, so blocks of 32. At 8 bits ONNX Runtime's int8 activations
 # dominate the error whatever the weights do: symmetric, no zero points to store. The int8 LM head takes blocks
-# of 64: a one-token call's head then costs about two thirds (AR ~8% faster, agreement unchanged), and MLAS still
-# rounds its one-row calls as rows of many; int4 blocks of 64 or more, and int8 of 128 or more, do not, so a
-# session would have to run every AR step at two rows (BENCHMARKS.md, 2026-11-25 evening, "the LM head").
+# of 64: a one-token call's head costs markedly less for no agreement lost, and MLAS still rounds its one-row
+# calls as rows of many; int4 blocks of 64 or more, and int8 of 128 or more, do not, so a session would have to
+# run every AR step at two rows (BENCHMARKS.md, 2026-11-25 evening).
 DEFAULTS = {"int4": {"symmetric": False}, "int8": {"symmetric": True, "lm_head_block_size": 64}}
 LM_HEAD = "lm_head"  # the initializer name llama_graph gives the LM head of `deep` and `adapter`
 
@@ -49,8 +49,8 @@ class QuantSpec:
     # agreement that the error-minimising scales below also buy, at no cost
     lm_head: bool = True
     search: bool = True  # per block, the scale of least squared error rather than plain min-max
-    # The LM head alone is a fifth of a one-token call's MatMulNBits time, and its cost falls with the
-    # block size far more than a decoder layer's does (fewer per-block scale steps across 49k outputs)
+    # The LM head is a large share of a one-token call's MatMulNBits time, and its cost falls with the block
+    # size far more than a decoder layer's does (fewer per-block scale steps across a vocabulary of outputs)
     lm_head_bits: int | None = None  # None: as the decoder layers
     lm_head_block_size: int | None = None
 

@@ -6,7 +6,8 @@ one-row call differently depends on the machine as much as on the bundle: the ex
 piece where it knows they do (int4 MatMulNBits, the standard graphs: manifest `min_rows` 2), and only
 GroupQueryAttention where it measured that the weight MatMuls do not (fp32 MatMul and int8 MatMulNBits on
 x86 MLAS: `min_rows` 1). Another CPU's kernels (ARM's KleidiAI, an AVX-512 VNNI path) or a GPU provider may
-round otherwise, so a session with `min_rows` 1 pieces compares one-row calls with rows of a three-row call
+round otherwise, and so may an LM head whose blocks are wider than the layers'. So a session with `min_rows` 1
+pieces compares one-row calls with rows of a six-row call that keeps every row's logits, as verification does,
 once at load (`one_row_calls_match`), and where they differ runs every one-row call as two rows itself
 (`TwoRowCalls`: the graph-side padding of exporter/multirow.py, done from outside the graph).
 """

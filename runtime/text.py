@@ -50,8 +50,8 @@ class Detokenizer:
         self.emitted = ""
         self.stopped = False
         self._shown = 0  # characters of `emitted` streamed so far
-        # Decoding the whole text again at every step costs an AR token ~1% at 128 tokens and grows with the
-        # length; a request read only at its end with no stop string to watch for decodes once, in flush
+        # Decoding the whole text again at every step costs more the longer the answer; a request read only
+        # at its end with no stop string to watch for decodes once, in flush
         self._deferred = not streaming and not self.stop
 
     def push(self, ids: list[int]) -> str:
