@@ -125,12 +125,14 @@ class Session:
     def stream(self, prompt: str, **overrides) -> TextStream:
         """Text as it is generated: iterate the returned TextStream; its `stats` and `finish_reason` are the
         request's own, final once the iteration ends."""
-        opts = self.options(**overrides)
-        return TextStream(self, self.prompt_ids(prompt, opts), opts)
+        return self._request(prompt, overrides, streaming=True)
 
     def generate(self, prompt: str, **overrides) -> Generation:
+        return self._request(prompt, overrides, streaming=False).generation()
+
+    def _request(self, prompt: str, overrides: dict, streaming: bool) -> TextStream:
         opts = self.options(**overrides)
-        return TextStream(self, self.prompt_ids(prompt, opts), opts, streaming=False).generation()
+        return TextStream(self, self.prompt_ids(prompt, opts), opts, streaming)
 
     def generate_ids(self, prompt_ids: list[int], **overrides) -> Generation:
         return TextStream(self, list(prompt_ids), self.options(**overrides), streaming=False).generation()

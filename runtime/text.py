@@ -53,6 +53,7 @@ class Detokenizer:
         # Decoding the whole text again at every step costs more the longer the answer; a request read only
         # at its end with no stop string to watch for decodes once, in flush
         self._deferred = not streaming and not self.stop
+        self._decoded = 0  # deferred: how many ids `emitted` holds (a request's end may flush twice)
 
     def push(self, ids: list[int]) -> str:
         self.ids.extend(ids)
@@ -73,8 +74,8 @@ class Detokenizer:
 
     def flush(self) -> str:
         """What is held back, once the request ends without the stop string completing."""
-        if self._deferred:  # the text of the longest run of ids that ends on a whole character
-            end = len(self.ids)
+        if self._deferred and self._decoded != len(self.ids):  # the longest run of ids ending on a whole character
+            end = self._decoded = len(self.ids)
             while end and (text := self.codec.decode(self.ids[:end])).endswith("\ufffd"):
                 end -= 1
             self.emitted = text if end else ""
