@@ -1,0 +1,290 @@
+"""What stands between specexport's AR and ONNX Runtime GenAI's: three measurements, each side by side in one process.
+
+    # the bundle's shallow + deep joined into one graph (one session call a token instead of two), written
+    # to OUT/full.onnx; then AR through the two pieces against AR through the one graph, rounds interleaved
+    # (the tokens must be the same, and are checked)
+    .venv/bin/python tools/experiments/ar_gap.py merge bundles/smollm2-int4 /tmp/int4-one-graph
+    taskset -c 0 .venv/bin/python tools/experiments/ar_gap.py calls bundles/smollm2-int4 /tmp/int4-one-graph
+    # the cost of the one-row attention padding: AR through each bundle's own pieces, as they are (a bundle
+    # built with `[export] one_row_padding = "none"` is not lossless on x86-64; the session would pad it)
+    taskset -c 0 .venv/bin/python tools/experiments/ar_gap.py padding bundles/smollm2-int4 /tmp/int4-nopad
+    # prefill alone (the prompt and its first token), ms, random prompts of 60, 200 and 770 tokens: a bundle, or
+    # (in the .venv-genai interpreter) GenAI's model directory
+    taskset -c 0 .venv/bin/python tools/experiments/ar_gap.py prefill bundles/smollm2-int4
+    taskset -c 0 .venv-genai/bin/python tools/experiments/ar_gap.py prefill .cache/ortgenai/<model dir>
+    # why the padding exists: MLAS's M = 1 SGEMM path (GroupQueryAttention's probabilities x V product in a
+    # one-token call) against a row of a two-row call, and both against two summation orders done in numpy
+    .venv/bin/python tools/experiments/ar_gap.py m1
+
+`merge` and `m1` need the exporter's `onnx`; `prefill` of a GenAI model only onnxruntime_genai and numpy; the rest
+numpy, onnxruntime and the runtime. BENCHMARKS.md
+(2026-11-26) has the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+PROMPT = "Explain how a hash table works."
+CACHE_PREFIXES = ("past_key.", "past_value.", "present_key.", "present_value.")
+CONTROLS = {"position_ids", "attention_bias", "seqlens_k", "total_sequence_length", "logits_to_keep"}
+
+
+def _shifted(name: str, by: int) -> str | None:
+    """A cache tensor's name with its layer index moved by `by`; None for any other name."""
+    for prefix in CACHE_PREFIXES:
+        if name.startswith(prefix):
+            return f"{prefix}{int(name[len(prefix):]) + by}"
+    return None
+
+
+def merge(bundle: Path, out: Path) -> None:
+    """Writes OUT/full.onnx: shallow's nodes, then deep's fed shallow's `hidden`; deep's caches renumbered after
+    shallow's, its other tensors and nodes prefixed, the control inputs shared."""
+    import json
+
+    import onnx
+    from onnx import helper
+
+    exit_layer = json.loads((bundle / "manifest.json").read_text())["pieces"]["shallow"]["layers"][1]
+    shallow, deep = onnx.load(bundle / "shallow.onnx"), onnx.load(bundle / "deep.onnx")
+
+    def rename(name: str) -> str:
+        if not name or name in CONTROLS or name == "logits":
+            return name
+        if name == "hidden_in":
+            return "hidden"
+        return _shifted(name, exit_layer) or f"deep/{name}"
+
+    for node in deep.graph.node:
+        node.name = f"deep/{node.name}"
+        node.input[:] = [rename(x) for x in node.input]
+        node.output[:] = [rename(x) for x in node.output]
+    for tensor in [*deep.graph.initializer, *deep.graph.value_info, *deep.graph.input, *deep.graph.output]:
+        tensor.name = rename(tensor.name)
+    names = {i.name for i in shallow.graph.input}
+    inputs = [*shallow.graph.input, *(i for i in deep.graph.input if i.name not in names and i.name != "hidden")]
+    outputs = [*(o for o in shallow.graph.output if o.name != "hidden"), *deep.graph.output]
+    graph = helper.make_graph([*shallow.graph.node, *deep.graph.node], "full", inputs, outputs,
+                              [*shallow.graph.initializer, *deep.graph.initializer])
+    out.mkdir(parents=True, exist_ok=True)
+    model = helper.make_model(graph, opset_imports=shallow.opset_import, ir_version=shallow.ir_version)
+    onnx.save(model, out / "full.onnx", save_as_external_data=True, location="full.onnx.data")
+    print(f"wrote {out / 'full.onnx'}: {len(graph.node)} nodes, {len(inputs)} inputs, {len(outputs)} outputs")
+
+
+def _use_one_thread() -> None:
+    from specexport.runtime.backends.ort import use_shared_thread_pool
+
+    use_shared_thread_pool(1)
+
+
+def _raw(piece):
+    """A session's piece without the wrappers the session may put round it (its own row padding)."""
+    return getattr(piece, "piece", piece)
+
+
+def _ar_loop(step, prompt: list[int], tokens: int) -> tuple[float, list[int]]:
+    """ms per decode token and the tokens, for `step(ids, pos) -> logits` driven greedily."""
+    logits, pos, out = step(np.asarray([prompt]), 0), len(prompt), []
+    start = time.perf_counter()
+    for _ in range(tokens):
+        out.append(int(logits[0, -1].argmax()))
+        logits = step(np.asarray([[out[-1]]]), pos)
+        pos += 1
+    return (time.perf_counter() - start) / tokens * 1e3, out
+
+
+def _interleaved(systems: dict[str, object], prompt: list[int], rounds: int, tokens: int,
+                 same_tokens: bool) -> None:
+    times: dict[str, list[float]] = {name: [] for name in systems}
+    for r in range(rounds):
+        order = list(systems) if r % 2 == 0 else list(reversed(systems))
+        outs = {}
+        for name in order:
+            ms, outs[name] = _ar_loop(systems[name], prompt, tokens)
+            times[name].append(ms)
+        if same_tokens and len({tuple(o) for o in outs.values()}) != 1:
+            sys.exit(f"round {r}: the systems' tokens differ")
+    first = statistics.median(next(iter(times.values())))
+    for name, v in times.items():
+        med = statistics.median(v)
+        print(f"{name}: median {med:.2f} ms a token (min {min(v):.2f}, {len(v)} rounds of {tokens}),"
+              f" {med / first:.3f}x the first")
+
+
+def calls(bundle: str, merged: Path, rounds: int, tokens: int) -> None:
+    """AR through shallow + deep (two session calls a token) against the same layers as one graph (one call)."""
+    _use_one_thread()
+    from specexport.runtime.backends.ort import OrtPiece
+    from specexport.runtime.session import load
+
+    session = load(bundle)
+    shallow_spec, deep_spec = session.bundle.pieces["shallow"], session.bundle.pieces["deep"]
+    exit_layer = shallow_spec.layers[1]
+
+    def shifted(t):
+        name = _shifted(t.name, exit_layer)
+        return t if name is None else dataclasses.replace(t, name=name)
+
+    names = {t.name for t in shallow_spec.inputs}
+    inputs = [*shallow_spec.inputs, *(shifted(t) for t in deep_spec.inputs
+                                      if t.name != "hidden_in" and shifted(t).name not in names)]
+    outputs = [*(t for t in shallow_spec.outputs if t.name != "hidden"), *(shifted(t) for t in deep_spec.outputs)]
+    spec = dataclasses.replace(deep_spec, file="full.onnx", inputs=tuple(inputs), outputs=tuple(outputs),
+                               kv=dataclasses.replace(deep_spec.kv, count=shallow_spec.kv.count + deep_spec.kv.count))
+    shallow, deep = _raw(session.pieces.shallow), _raw(session.pieces.deep)
+    full = OrtPiece("full", merged / "full.onnx", spec, session.bundle.max_context, ["CPUExecutionProvider"], 1)
+    systems = {
+        "shallow + deep (two calls)": lambda ids, pos: deep.run(shallow.run(ids, pos)["hidden"], pos)["logits"],
+        "one graph (one call)": lambda ids, pos: full.run(ids, pos)["logits"],
+    }
+    _interleaved(systems, session.prompt_ids(PROMPT, session.options()), rounds, tokens, same_tokens=True)
+
+
+def padding(bundles: list[str], rounds: int, tokens: int) -> None:
+    """AR through each bundle's raw pieces, interleaved; the tokens may differ (an unpadded bundle is not
+    the padded one's arithmetic)."""
+    _use_one_thread()
+    from specexport.runtime.session import load
+
+    sessions = {b: load(b) for b in bundles}
+
+    def stepper(session):
+        shallow, deep = _raw(session.pieces.shallow), _raw(session.pieces.deep)
+        return lambda ids, pos: deep.run(shallow.run(ids, pos)["hidden"], pos)["logits"]
+
+    first = next(iter(sessions.values()))
+    _interleaved({b: stepper(s) for b, s in sessions.items()}, first.prompt_ids(PROMPT, first.options()), rounds,
+                 tokens, same_tokens=False)
+
+
+def prefill(path: str, rounds: int) -> None:
+    """Median ms from a prompt to its first token (the prefill call and picking the token), one thread."""
+    lengths = (60, 200, 770)
+    prompts = {n: [int(t) for t in np.random.default_rng(0).integers(100, 40000, n)] for n in lengths}
+    if (Path(path) / "genai_config.json").exists():
+        import json
+
+        import onnxruntime_genai as og
+
+        config = og.Config(path)
+        config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": 1}}}}))
+        model = og.Model(config)
+
+        def first_token(ids: list[int]) -> None:
+            params = og.GeneratorParams(model)
+            params.set_search_options(do_sample=False, max_length=len(ids) + 129, min_length=0)
+            generator = og.Generator(model, params)
+            generator.append_tokens(ids)
+            generator.generate_next_token()
+            generator.get_next_tokens()
+    else:
+        _use_one_thread()
+        from specexport.runtime.decode import prefill as run_prefill
+        from specexport.runtime.session import load
+        from specexport.runtime.stats import Stats
+
+        pieces = load(path).pieces
+
+        def first_token(ids: list[int]) -> None:
+            int(run_prefill(pieces, ids, Stats())[1][0, -1].argmax())
+
+    medians = {}
+    for n, ids in prompts.items():
+        times = []
+        for _ in range(rounds):
+            start = time.perf_counter()
+            first_token(ids)
+            times.append((time.perf_counter() - start) * 1e3)
+        medians[n] = round(statistics.median(times), 1)
+    print(path, "prefill ms by prompt tokens:", medians)
+
+
+def m1(trials: int) -> None:
+    """One SGEMM, P [rows, T] x V [T, 64] as GroupQueryAttention computes it (a MatMul of two graph inputs: no
+    prepacking, alpha 1, beta 0): is a one-row call a row of a two-row call, and which summation order gives
+    each? MLAS's M = 1 kernel (SgemmKernelM1Avx) multiplies and adds apart, four terms of K at a time, then
+    adds the running sum; the other kernels fuse each multiply-add (FMA) along K."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("MatMul", ["p", "v"], ["y"])], "pv",
+                              [helper.make_tensor_value_info("p", TensorProto.FLOAT, ["M", "T"]),
+                               helper.make_tensor_value_info("v", TensorProto.FLOAT, ["T", 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", 64])])
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    sess = ort.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+                                .SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    tally = {"one row == a row of two": 0, "one row == mul, add, 4 at a time": 0, "two-row call's row == FMA": 0}
+    for _ in range(trials):
+        total = int(rng.integers(8, 257))  # one K block of the multi-row kernel
+        p = rng.random((2, total)).astype(np.float32)
+        p /= p.sum(axis=1, keepdims=True)
+        v = rng.standard_normal((total, 64)).astype(np.float32)
+        one = sess.run(None, {"p": p[:1], "v": v})[0][0]
+        two = sess.run(None, {"p": p, "v": v})[0][0]
+        tally["one row == a row of two"] += bool(np.array_equal(one, two))
+        tally["one row == mul, add, 4 at a time"] += bool(np.array_equal(one, _m1_order(p[0], v)))
+        tally["two-row call's row == FMA"] += bool(np.array_equal(two, _fma_order(p[0], v)))
+    for what, n in tally.items():
+        print(f"{what}: {n}/{trials}")
+
+
+def _m1_order(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """SgemmKernelM1Avx's order: each group of 4 (then 2, then 1) terms summed with rounded products, then
+    added to the running sum."""
+    c = np.zeros(b.shape[1], np.float32)
+    k = 0
+    for width in (4, 2, 1):
+        while len(a) - k >= width:
+            group = a[k] * b[k]
+            for j in range(1, width):
+                group = group + a[k + j] * b[k + j]
+            c = group + c
+            k += width
+            if width < 4:
+                break
+    return c
+
+
+def _fma_order(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """One fused multiply-add a term, in K order (the rounding of a float64 product-sum to float32 is an FMA's
+    for float32 inputs: the product is exact in float64)."""
+    c = np.zeros(b.shape[1], np.float32)
+    for k in range(len(a)):
+        c = (np.float64(a[k]) * b[k].astype(np.float64) + c.astype(np.float64)).astype(np.float32)
+    return c
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=["merge", "calls", "padding", "prefill", "m1"])
+    ap.add_argument("paths", nargs="*")
+    ap.add_argument("--rounds", type=int, default=16)
+    ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--trials", type=int, default=200)
+    args = ap.parse_args()
+    if args.what == "merge":
+        merge(Path(args.paths[0]), Path(args.paths[1]))
+    elif args.what == "calls":
+        calls(args.paths[0], Path(args.paths[1]), args.rounds, args.tokens)
+    elif args.what == "padding":
+        padding(args.paths, args.rounds, args.tokens)
+    elif args.what == "prefill":
+        prefill(args.paths[0], args.rounds)
+    else:
+        m1(args.trials)
+
+
+if __name__ == "__main__":
+    main()
