@@ -64,8 +64,8 @@ def main() -> None:
               help="Attention graphs: 'ort' uses ONNX Runtime's GroupQueryAttention with in-place caches;"
               " 'standard' uses opset-17 ops only (TensorRT).")
 @click.option("--precision", type=click.Choice(["fp32", "int8", "int4"]), default=None,
-              help="Weights: fp32, or int8/int4 weight-only quantization (ONNX Runtime's MatMulNBits, blocks of 32"
-              " along K; the ort flavour only). Default: the recipe's (fp32).")
+              help="Weights: fp32, or int8/int4 weight-only quantization (ONNX Runtime's MatMulNBits, blocks of 64 /"
+              " 32 along K; the ort flavour only). Default: the recipe's (fp32).")
 @click.option("--adapter", default="auto", show_default=True,
               help="Kangaroo adapter: 'auto' uses the one shipped or trained earlier for this model and exit"
               " layer, else trains one by self-distillation; 'none' builds without; or a directory written by"

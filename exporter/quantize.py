@@ -27,13 +27,12 @@ from .onnx_builder import MS_DOMAIN
 
 BITS = {"int4": 4, "int8": 8}
 # Chosen by teacher-forced agreement with fp32 and AR speed on SmolLM2-135M (BENCHMARKS.md, "int4 / int8
-# weight-only quantization variants"): at int4 zero points buy agreement at no speed cost, and blocks of 64
-# lose more agreement than they gain speed, so blocks of 32. At 8 bits ONNX Runtime's int8 activations
-# dominate the error whatever the weights do: symmetric, no zero points to store. The int8 LM head takes blocks
-# of 64: a one-token call's head costs markedly less for no agreement lost, and MLAS still rounds its one-row
-# calls as rows of many; int4 blocks of 64 or more, and int8 of 128 or more, do not, so a session would have to
-# run every AR step at two rows (BENCHMARKS.md, 2026-11-25 evening).
-DEFAULTS = {"int4": {"symmetric": False}, "int8": {"symmetric": True, "lm_head_block_size": 64}}
+# weight-only quantization variants", 2026-11-25 evening and 2026-11-26): at int4 zero points buy agreement at no
+# speed cost, and blocks of 64 lose more agreement than they gain speed, so blocks of 32. At 8 bits a one-token
+# call costs markedly less in blocks of 64 (fewer per-block scale steps) and zero points keep the agreement that
+# the bigger blocks would lose. Blocks of 64 are the largest where MLAS still rounds an 8-bit one-row call as a
+# row of a many-row call (int4: 32); beyond them a session would have to run every AR step at two rows.
+DEFAULTS = {"int4": {"symmetric": False}, "int8": {"symmetric": False, "block_size": 64}}
 LM_HEAD = "lm_head"  # the initializer name llama_graph gives the LM head of `deep` and `adapter`
 
 

@@ -68,7 +68,7 @@ def test_bundle_is_quantized_and_passes_parity(quantized_bundles, precision):
     assert set(manifest["pieces"]) == {"shallow", "deep", "adapter"}
     for name, piece in manifest["pieces"].items():
         q = piece["quantization"]
-        assert q["block_size"] == 32 and q["matmuls_quantized"] > 0, name
+        assert q["block_size"] == {"int8": 64, "int4": 32}[precision] and q["matmuls_quantized"] > 0, name
         graph = onnx.load(str(bundle / piece["file"]), load_external_data=False).graph
         ops = [n.op_type for n in graph.node]
         weights = {t.name for t in graph.initializer}
@@ -82,7 +82,7 @@ def test_bundle_is_quantized_and_passes_parity(quantized_bundles, precision):
     assert manifest["pieces"]["deep"]["quantization"]["lm_head_quantized"] is True
     deep = onnx.load(str(bundle / manifest["pieces"]["deep"]["file"]), load_external_data=False).graph
     head = next(n for n in deep.node if n.op_type == "MatMulNBits" and n.input[1].startswith(quantize.LM_HEAD))
-    # the defaults: int8's head in blocks of 64, int4's as its layers
+    # the defaults: the head as its layers, in blocks of 64 at int8 and 32 at int4
     block = {a.name: helper.get_attribute_value(a) for a in head.attribute}["block_size"]
     assert block == {"int8": 64, "int4": 32}[precision]
 
@@ -143,7 +143,7 @@ def _two_matmul_model(w: np.ndarray, head: np.ndarray) -> onnx.ModelProto:
 
 
 @pytest.mark.parametrize(("precision", "head_bits", "head_block"), [("int4", None, 128), ("int4", 8, 64),
-                                                                    ("int8", 4, 32), ("int8", None, 64)])
+                                                                    ("int8", 4, 32), ("int8", None, 128)])
 def test_the_lm_head_takes_its_own_bits_and_block(precision, head_bits, head_block):
     rng = np.random.default_rng(1)
     w, head = rng.standard_normal((160, 160)).astype(np.float32), rng.standard_normal((160, 48)).astype(np.float32)
@@ -152,7 +152,7 @@ def test_the_lm_head_takes_its_own_bits_and_block(precision, head_bits, head_blo
     assert (head_spec.bits, head_spec.block_size) == (head_bits or spec.bits, head_block)
     model, _ = quantize.quantize_model(_two_matmul_model(w, head), spec)
     attrs = {n.name: {a.name: helper.get_attribute_value(a) for a in n.attribute} for n in model.graph.node}
-    assert (attrs["mm_nbits"]["bits"], attrs["mm_nbits"]["block_size"]) == (spec.bits, 32)
+    assert (attrs["mm_nbits"]["bits"], attrs["mm_nbits"]["block_size"]) == (spec.bits, spec.block_size)
     assert (attrs["head_nbits"]["bits"], attrs["head_nbits"]["block_size"]) == (head_spec.bits, head_block)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     a = rng.standard_normal((3, 160)).astype(np.float32)
@@ -178,7 +178,7 @@ def test_dequantized_weights_round_trip_through_the_packing():
     for precision in ("int8", "int4"):
         spec = quantize.spec_for(precision)
         packed = quantize.quantize_weight(w, spec)
-        assert packed.packed.shape == (10, 2, 32 * spec.bits // 8)
+        assert packed.packed.shape == (10, 64 // spec.block_size, spec.block_size * spec.bits // 8)
         np.testing.assert_array_equal(quantize.dequantize(packed, spec.bits, spec.block_size),
                                       quantize.fake_quantize(w, spec))
 

@@ -12,6 +12,9 @@
     # (in the .venv-genai interpreter) GenAI's model directory
     taskset -c 0 .venv/bin/python tools/experiments/ar_gap.py prefill bundles/smollm2-int4
     taskset -c 0 .venv-genai/bin/python tools/experiments/ar_gap.py prefill .cache/ortgenai/<model dir>
+    # teacher-forced top-1 agreement of bundles with a reference bundle's greedy answers (26 prompts of
+    # tools/prompt_set.py, seed 7, 64 tokens each): how much a quantization choice costs
+    .venv/bin/python tools/experiments/ar_gap.py agreement bundles/smollm2 bundles/smollm2-int8 /tmp/int8-b64
     # why the padding exists: MLAS's M = 1 SGEMM path (GroupQueryAttention's probabilities x V product in a
     # one-token call) against a row of a two-row call, and both against two summation orders done in numpy
     .venv/bin/python tools/experiments/ar_gap.py m1
@@ -208,6 +211,35 @@ def prefill(path: str, rounds: int) -> None:
     print(path, "prefill ms by prompt tokens:", medians)
 
 
+def agreement(reference: str, bundles: list[str], prompts: int = 26, tokens: int = 64) -> None:
+    """Per bundle, the share of answer positions where its top-1 token, given the reference's answer so far,
+    is the reference's own next token."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from prompt_set import build_prompts
+    from specexport.runtime.session import load
+
+    def all_logits(session, ids: list[int]) -> np.ndarray:
+        pieces = session.pieces
+        hidden = pieces.shallow.run(np.asarray([ids]), 0)["hidden"]
+        return pieces.deep.run(hidden, 0, keep=len(ids))["logits"][0]
+
+    ref = load(reference)
+    cases = []
+    for item in build_prompts(prompts, seed=7):
+        ids = ref.prompt_ids(item["prompt"], ref.options())
+        answer = ref.generate_ids(ids, max_new_tokens=tokens, mode="ar").tokens
+        cases.append((ids, answer))
+    for bundle in bundles:
+        session = load(bundle)
+        same = total = 0
+        for ids, answer in cases:
+            logits = all_logits(session, [*ids, *answer])
+            picks = logits[len(ids) - 1:len(ids) - 1 + len(answer)].argmax(axis=-1)
+            same += int((picks == np.asarray(answer)).sum())
+            total += len(answer)
+        print(f"{bundle}: {same / total:.1%} of {total} positions agree with {reference}")
+
+
 def m1(trials: int) -> None:
     """One SGEMM, P [rows, T] x V [T, 64] as GroupQueryAttention computes it (a MatMul of two graph inputs: no
     prepacking, alpha 1, beta 0): is a one-row call a row of a two-row call, and which summation order gives
@@ -268,7 +300,7 @@ def _fma_order(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["merge", "calls", "padding", "prefill", "m1"])
+    ap.add_argument("what", choices=["merge", "calls", "padding", "prefill", "agreement", "m1"])
     ap.add_argument("paths", nargs="*")
     ap.add_argument("--rounds", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=96)
@@ -282,6 +314,8 @@ def main() -> None:
         padding(args.paths, args.rounds, args.tokens)
     elif args.what == "prefill":
         prefill(args.paths[0], args.rounds)
+    elif args.what == "agreement":
+        agreement(args.paths[0], args.paths[1:])
     else:
         m1(args.trials)
 
