@@ -1,4 +1,5 @@
-"""What stands between specexport's AR and ONNX Runtime GenAI's: three measurements, each side by side in one process.
+"""What stands between specexport's AR and ONNX Runtime GenAI's, measured part by part (timings side by side in
+one process, rounds interleaved).
 
     # the bundle's shallow + deep joined into one graph (one session call a token instead of two), written
     # to OUT/full.onnx; then AR through the two pieces against AR through the one graph, rounds interleaved
@@ -20,8 +21,7 @@
     .venv/bin/python tools/experiments/ar_gap.py m1
 
 `merge` and `m1` need the exporter's `onnx`; `prefill` of a GenAI model only onnxruntime_genai and numpy; the rest
-numpy, onnxruntime and the runtime. BENCHMARKS.md
-(2026-11-26) has the figures.
+numpy, onnxruntime and the runtime. BENCHMARKS.md (2026-11-26) has the figures.
 """
 
 from __future__ import annotations
