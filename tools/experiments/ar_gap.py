@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import statistics
 import sys
 import time
@@ -51,8 +52,6 @@ def _shifted(name: str, by: int) -> str | None:
 def merge(bundle: Path, out: Path) -> None:
     """Writes OUT/full.onnx: shallow's nodes, then deep's fed shallow's `hidden`; deep's caches renumbered after
     shallow's, its other tensors and nodes prefixed, the control inputs shared."""
-    import json
-
     import onnx
     from onnx import helper
 
@@ -89,9 +88,13 @@ def _use_one_thread() -> None:
     use_shared_thread_pool(1)
 
 
-def _raw(piece):
-    """A session's piece without the wrappers the session may put round it (its own row padding)."""
-    return getattr(piece, "piece", piece)
+def _two_calls(session):
+    """`step(ids, pos) -> logits` through the session's shallow and deep pieces as built, without the wrappers
+    the session may put round them (its own row padding)."""
+    from specexport.runtime.decode import Pieces, target_step
+
+    raw = Pieces(*(getattr(p, "piece", p) for p in (session.pieces.shallow, session.pieces.deep)))
+    return lambda ids, pos: target_step(raw, ids[0].tolist(), pos)[1]
 
 
 def _ar_loop(step, prompt: list[int], tokens: int) -> tuple[float, list[int]]:
@@ -143,10 +146,9 @@ def calls(bundle: str, merged: Path, rounds: int, tokens: int) -> None:
     outputs = [*(t for t in shallow_spec.outputs if t.name != "hidden"), *(shifted(t) for t in deep_spec.outputs)]
     spec = dataclasses.replace(deep_spec, file="full.onnx", inputs=tuple(inputs), outputs=tuple(outputs),
                                kv=dataclasses.replace(deep_spec.kv, count=shallow_spec.kv.count + deep_spec.kv.count))
-    shallow, deep = _raw(session.pieces.shallow), _raw(session.pieces.deep)
     full = OrtPiece("full", merged / "full.onnx", spec, session.bundle.max_context, ["CPUExecutionProvider"], 1)
     systems = {
-        "shallow + deep (two calls)": lambda ids, pos: deep.run(shallow.run(ids, pos)["hidden"], pos)["logits"],
+        "shallow + deep (two calls)": _two_calls(session),
         "one graph (one call)": lambda ids, pos: full.run(ids, pos)["logits"],
     }
     _interleaved(systems, session.prompt_ids(PROMPT, session.options()), rounds, tokens, same_tokens=True)
@@ -159,13 +161,8 @@ def padding(bundles: list[str], rounds: int, tokens: int) -> None:
     from specexport.runtime.session import load
 
     sessions = {b: load(b) for b in bundles}
-
-    def stepper(session):
-        shallow, deep = _raw(session.pieces.shallow), _raw(session.pieces.deep)
-        return lambda ids, pos: deep.run(shallow.run(ids, pos)["hidden"], pos)["logits"]
-
     first = next(iter(sessions.values()))
-    _interleaved({b: stepper(s) for b, s in sessions.items()}, first.prompt_ids(PROMPT, first.options()), rounds,
+    _interleaved({b: _two_calls(s) for b, s in sessions.items()}, first.prompt_ids(PROMPT, first.options()), rounds,
                  tokens, same_tokens=False)
 
 
@@ -174,8 +171,6 @@ def prefill(path: str, rounds: int) -> None:
     lengths = (60, 200, 770)
     prompts = {n: [int(t) for t in np.random.default_rng(0).integers(100, 40000, n)] for n in lengths}
     if (Path(path) / "genai_config.json").exists():
-        import json
-
         import onnxruntime_genai as og
 
         config = og.Config(path)
@@ -216,12 +211,8 @@ def agreement(reference: str, bundles: list[str], prompts: int = 26, tokens: int
     is the reference's own next token."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from prompt_set import build_prompts
+    from specexport.runtime.decode import target_step
     from specexport.runtime.session import load
-
-    def all_logits(session, ids: list[int]) -> np.ndarray:
-        pieces = session.pieces
-        hidden = pieces.shallow.run(np.asarray([ids]), 0)["hidden"]
-        return pieces.deep.run(hidden, 0, keep=len(ids))["logits"][0]
 
     ref = load(reference)
     cases = []
@@ -233,7 +224,7 @@ def agreement(reference: str, bundles: list[str], prompts: int = 26, tokens: int
         session = load(bundle)
         same = total = 0
         for ids, answer in cases:
-            logits = all_logits(session, [*ids, *answer])
+            logits = target_step(session.pieces, [*ids, *answer], 0, keep=len(ids) + len(answer))[1][0]
             picks = logits[len(ids) - 1:len(ids) - 1 + len(answer)].argmax(axis=-1)
             same += int((picks == np.asarray(answer)).sum())
             total += len(answer)
@@ -275,23 +266,19 @@ def m1(trials: int) -> None:
 def _m1_order(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """SgemmKernelM1Avx's order: each group of 4 (then 2, then 1) terms summed with rounded products, then
     added to the running sum."""
-    c = np.zeros(b.shape[1], np.float32)
-    k = 0
-    for width in (4, 2, 1):
-        while len(a) - k >= width:
-            group = a[k] * b[k]
-            for j in range(1, width):
-                group = group + a[k + j] * b[k + j]
-            c = group + c
-            k += width
-            if width < 4:
-                break
+    widths = [4] * (len(a) // 4) + [2] * (len(a) % 4 // 2) + [1] * (len(a) % 2)
+    c, k = np.zeros(b.shape[1], np.float32), 0
+    for width in widths:
+        group = a[k] * b[k]
+        for j in range(k + 1, k + width):
+            group = group + a[j] * b[j]
+        c, k = group + c, k + width
     return c
 
 
 def _fma_order(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """One fused multiply-add a term, in K order (the rounding of a float64 product-sum to float32 is an FMA's
-    for float32 inputs: the product is exact in float64)."""
+    """One fused multiply-add a term, in K order: the float32 product is exact in float64, so rounding the
+    float64 sum to float32 gives an FMA's result but for rare double roundings."""
     c = np.zeros(b.shape[1], np.float32)
     for k in range(len(a)):
         c = (np.float64(a[k]) * b[k].astype(np.float64) + c.astype(np.float64)).astype(np.float32)
