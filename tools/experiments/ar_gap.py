@@ -1,9 +1,11 @@
 """What stands between specexport's AR and ONNX Runtime GenAI's, measured part by part (timings side by side in
 one process, rounds interleaved).
 
-    # AR through the bundle's shallow + deep (two session calls a token) against its `full` piece (the two
-    # joined: one call), rounds interleaved (the tokens must be the same, and are checked)
-    taskset -c 0 .venv/bin/python tools/experiments/ar_gap.py calls bundles/smollm2-int4
+    # the bundle's shallow + deep joined into one graph (one session call a token instead of two), written
+    # to OUT/full.onnx; then AR through the two pieces against AR through the one graph, rounds interleaved
+    # (the tokens must be the same, and are checked)
+    .venv/bin/python tools/experiments/ar_gap.py merge bundles/smollm2-int4 /tmp/int4-one-graph
+    taskset -c 0 .venv/bin/python tools/experiments/ar_gap.py calls bundles/smollm2-int4 /tmp/int4-one-graph
     # the cost of the one-row attention padding: AR through each bundle's own pieces, as they are (a bundle
     # built with `[export] one_row_padding = "none"` is not lossless on x86-64; the session would pad it)
     taskset -c 0 .venv/bin/python tools/experiments/ar_gap.py padding bundles/smollm2-int4 /tmp/int4-nopad
@@ -18,13 +20,14 @@ one process, rounds interleaved).
     # one-token call) against a row of a two-row call, and both against two summation orders done in numpy
     .venv/bin/python tools/experiments/ar_gap.py m1
 
-`m1` needs the exporter's `onnx`; `prefill` of a GenAI model only onnxruntime_genai and numpy; the rest
+`merge` and `m1` need the exporter's `onnx`; `prefill` of a GenAI model only onnxruntime_genai and numpy; the rest
 numpy, onnxruntime and the runtime. BENCHMARKS.md (2026-11-26) has the figures.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -34,26 +37,63 @@ from pathlib import Path
 import numpy as np
 
 PROMPT = "Explain how a hash table works."
+CACHE_PREFIXES = ("past_key.", "past_value.", "present_key.", "present_value.")
+CONTROLS = {"position_ids", "attention_bias", "seqlens_k", "total_sequence_length", "logits_to_keep"}
+
+
+def _shifted(name: str, by: int) -> str | None:
+    """A cache tensor's name with its layer index moved by `by`; None for any other name."""
+    for prefix in CACHE_PREFIXES:
+        if name.startswith(prefix):
+            return f"{prefix}{int(name[len(prefix):]) + by}"
+    return None
+
+
+def merge(bundle: Path, out: Path) -> None:
+    """Writes OUT/full.onnx: shallow's nodes, then deep's fed shallow's `hidden`; deep's caches renumbered after
+    shallow's, its other tensors and nodes prefixed, the control inputs shared."""
+    import onnx
+    from onnx import helper
+
+    exit_layer = json.loads((bundle / "manifest.json").read_text())["pieces"]["shallow"]["layers"][1]
+    shallow, deep = onnx.load(bundle / "shallow.onnx"), onnx.load(bundle / "deep.onnx")
+
+    def rename(name: str) -> str:
+        if not name or name in CONTROLS or name == "logits":
+            return name
+        if name == "hidden_in":
+            return "hidden"
+        return _shifted(name, exit_layer) or f"deep/{name}"
+
+    for node in deep.graph.node:
+        node.name = f"deep/{node.name}"
+        node.input[:] = [rename(x) for x in node.input]
+        node.output[:] = [rename(x) for x in node.output]
+    for tensor in [*deep.graph.initializer, *deep.graph.value_info, *deep.graph.input, *deep.graph.output]:
+        tensor.name = rename(tensor.name)
+    names = {i.name for i in shallow.graph.input}
+    inputs = [*shallow.graph.input, *(i for i in deep.graph.input if i.name not in names and i.name != "hidden")]
+    outputs = [*(o for o in shallow.graph.output if o.name != "hidden"), *deep.graph.output]
+    graph = helper.make_graph([*shallow.graph.node, *deep.graph.node], "full", inputs, outputs,
+                              [*shallow.graph.initializer, *deep.graph.initializer])
+    out.mkdir(parents=True, exist_ok=True)
+    model = helper.make_model(graph, opset_imports=shallow.opset_import, ir_version=shallow.ir_version)
+    onnx.save(model, out / "full.onnx", save_as_external_data=True, location="full.onnx.data")
+    print(f"wrote {out / 'full.onnx'}: {len(graph.node)} nodes, {len(inputs)} inputs, {len(outputs)} outputs")
+
+
 def _use_one_thread() -> None:
     from specexport.runtime.backends.ort import use_shared_thread_pool
 
     use_shared_thread_pool(1)
 
 
-def _opener(bundle):
-    """Opens a bundle's pieces as built, apart from any session (none of the session's own row padding)."""
-    from specexport.runtime.backends.ort import OrtPiece
-
-    return lambda name: OrtPiece(name, bundle.piece_path(name), bundle.pieces[name], bundle.max_context,
-                                 ["CPUExecutionProvider"], 1)
-
-
-def _two_calls(bundle):
-    """`step(ids, pos) -> logits` through a bundle's shallow and deep pieces."""
+def _two_calls(session):
+    """`step(ids, pos) -> logits` through the session's shallow and deep pieces as built, without the wrappers
+    the session may put round them (its own row padding)."""
     from specexport.runtime.decode import Pieces, target_step
 
-    open_piece = _opener(bundle)
-    raw = Pieces(open_piece("shallow"), open_piece("deep"))
+    raw = Pieces(*(getattr(p, "piece", p) for p in (session.pieces.shallow, session.pieces.deep)))
     return lambda ids, pos: target_step(raw, ids[0].tolist(), pos)[1]
 
 
@@ -86,18 +126,30 @@ def _interleaved(systems: dict[str, object], prompt: list[int], rounds: int, tok
               f" {med / first:.3f}x the first")
 
 
-def calls(bundle: str, rounds: int, tokens: int) -> None:
-    """AR through shallow + deep (two session calls a token) against the bundle's `full` (one call)."""
+def calls(bundle: str, merged: Path, rounds: int, tokens: int) -> None:
+    """AR through shallow + deep (two session calls a token) against the same layers as one graph (one call)."""
     _use_one_thread()
+    from specexport.runtime.backends.ort import OrtPiece
     from specexport.runtime.session import load
 
     session = load(bundle)
-    if "full" not in session.bundle.pieces:
-        sys.exit(f"{bundle} has no `full` piece (rebuild it with this exporter)")
-    full = _opener(session.bundle)("full")
+    shallow_spec, deep_spec = session.bundle.pieces["shallow"], session.bundle.pieces["deep"]
+    exit_layer = shallow_spec.layers[1]
+
+    def shifted(t):
+        name = _shifted(t.name, exit_layer)
+        return t if name is None else dataclasses.replace(t, name=name)
+
+    names = {t.name for t in shallow_spec.inputs}
+    inputs = [*shallow_spec.inputs, *(shifted(t) for t in deep_spec.inputs
+                                      if t.name != "hidden_in" and shifted(t).name not in names)]
+    outputs = [*(t for t in shallow_spec.outputs if t.name != "hidden"), *(shifted(t) for t in deep_spec.outputs)]
+    spec = dataclasses.replace(deep_spec, file="full.onnx", inputs=tuple(inputs), outputs=tuple(outputs),
+                               kv=dataclasses.replace(deep_spec.kv, count=shallow_spec.kv.count + deep_spec.kv.count))
+    full = OrtPiece("full", merged / "full.onnx", spec, session.bundle.max_context, ["CPUExecutionProvider"], 1)
     systems = {
-        "shallow + deep (two calls)": _two_calls(session.bundle),
-        "full (one call)": lambda ids, pos: full.run(ids, pos)["logits"],
+        "shallow + deep (two calls)": _two_calls(session),
+        "one graph (one call)": lambda ids, pos: full.run(ids, pos)["logits"],
     }
     _interleaved(systems, session.prompt_ids(PROMPT, session.options()), rounds, tokens, same_tokens=True)
 
@@ -110,8 +162,8 @@ def padding(bundles: list[str], rounds: int, tokens: int) -> None:
 
     sessions = {b: load(b) for b in bundles}
     first = next(iter(sessions.values()))
-    steps = {b: _two_calls(s.bundle) for b, s in sessions.items()}
-    _interleaved(steps, first.prompt_ids(PROMPT, first.options()), rounds, tokens, same_tokens=False)
+    _interleaved({b: _two_calls(s) for b, s in sessions.items()}, first.prompt_ids(PROMPT, first.options()), rounds,
+                 tokens, same_tokens=False)
 
 
 def prefill(path: str, rounds: int) -> None:
@@ -235,14 +287,16 @@ def _fma_order(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["calls", "padding", "prefill", "agreement", "m1"])
+    ap.add_argument("what", choices=["merge", "calls", "padding", "prefill", "agreement", "m1"])
     ap.add_argument("paths", nargs="*")
     ap.add_argument("--rounds", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--trials", type=int, default=200)
     args = ap.parse_args()
-    if args.what == "calls":
-        calls(args.paths[0], args.rounds, args.tokens)
+    if args.what == "merge":
+        merge(Path(args.paths[0]), Path(args.paths[1]))
+    elif args.what == "calls":
+        calls(args.paths[0], Path(args.paths[1]), args.rounds, args.tokens)
     elif args.what == "padding":
         padding(args.paths, args.rounds, args.tokens)
     elif args.what == "prefill":
