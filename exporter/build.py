@@ -24,7 +24,7 @@ from ..runtime.manifest import (
     read_record,
     sha256_file,
 )
-from . import joined, llama_graph, model_source, multirow, parity, quantize
+from . import llama_graph, model_source, multirow, parity, quantize
 from .bundle import BundleWriter
 from .chat import chat_format
 from .hf_weights import extract
@@ -276,7 +276,6 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
         shallow = llama_graph.build_shallow(dims, weights.rope, weights.embed, weights.layers[:ell], flavour, dtype,
                                             weights.arch)
         shallow, qinfo = quantized(shallow)
-        shallow_quantization = qinfo.get("quantization")
         writer.add_piece("shallow", for_target(shallow), flavour, layers=[0, ell], **qinfo,
                          **weights.attention_fields(range(ell)))
         del shallow
@@ -288,16 +287,6 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
         writer.add_piece("deep", for_target(deep), flavour, layers=[ell, dims.layers], **qinfo,
                          **weights.attention_fields(range(ell, dims.layers)))
         del deep
-        # int8 and int4 for ONNX Runtime: one call a target step, not two (exporter/joined.py); at fp32, which
-        # streams its weights, the second call costs nothing measurable and `self` would run shallow twice
-        if flavour == "ort" and trt_target is None and qspec is not None:
-            stage("joining shallow and deep")
-            if shallow_quantization is not None:  # the counts are both pieces' (a copy: deep's record stays)
-                both = qinfo["quantization"]["matmuls_quantized"] + shallow_quantization["matmuls_quantized"]
-                qinfo = {**qinfo, "quantization": {**qinfo["quantization"], "matmuls_quantized": both}}
-            writer.add_piece("full", joined.full_model(writer.tmp, ell), flavour, own_weights=False,
-                             layers=[0, dims.layers], weights_from=("shallow", "deep"),
-                             **qinfo, **weights.attention_fields(range(dims.layers)))
         stages.update()
 
         stage("adapter")
@@ -345,8 +334,6 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
             parity.PieceCheck("shallow", lambda r: r["input_ids"], {"hidden": "h_exit"}),
             parity.PieceCheck("deep", hidden, {"logits": "logits"}),
         ]
-        if "full" in writer.pieces:
-            checks.append(parity.PieceCheck("full", lambda r: r["input_ids"], {"hidden": "h_exit", "logits": "logits"}))
         if adapter_module is not None:
             checks.append(parity.PieceCheck("adapter", hidden, {"logits": "adapter_logits"}))
         if drafter_model is not None:

@@ -80,15 +80,9 @@ class BundleWriter:
             raise SpecExportError(f"writing the bundle failed: {exc.strerror or exc}{where}; nothing was written"
                                   f" to {self.out}, free some space or choose another --out") from None
 
-    def add_piece(self, name: str, model: onnx.ModelProto, flavour: str, own_weights: bool = True,
-                  **extra) -> Piece:
-        """Saves the piece's graph; ``extra`` are `Piece` fields (draft_vocab may be given as a mapping).
-        ``own_weights`` False: the graph's tensors already name other pieces' data files, and stay there."""
-        if own_weights:
-            files = save_model(model, self.tmp / f"{name}.onnx")
-        else:
-            files = [self.tmp / f"{name}.onnx"]
-            onnx.save_model(model, str(files[0]))
+    def add_piece(self, name: str, model: onnx.ModelProto, flavour: str, **extra) -> Piece:
+        """Saves the piece's graph; ``extra`` are `Piece` fields (draft_vocab may be given as a mapping)."""
+        files = save_model(model, self.tmp / f"{name}.onnx")
         mode, how = KV_MODES[flavour]
         inputs = io_spec(model.graph.input)
         kv_count = sum(1 for t in inputs if t.name.startswith("past_key."))
