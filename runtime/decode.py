@@ -20,40 +20,22 @@ from .stats import Stats
 @dataclass
 class Pieces:
     shallow: Piece
-    deep: Piece | None  # None where `full` stands for shallow then deep (session.py opens one or the other)
+    deep: Piece
     adapter: Piece | None = None
     drafter: Piece | None = None
     draft_vocab: np.ndarray | None = None  # token ids of a vocabulary-pruned adapter head (FR-Spec)
     drafter_vocab: np.ndarray | None = None  # the same for the drafter piece's head
     vocab_size: int = 0
-    full: Piece | None = None  # shallow and deep joined (exporter/joined.py): one call a target step
-
-    @property
-    def target(self) -> Piece:
-        """The piece whose calls give the target's logits: `full`, or `deep` after shallow."""
-        return self.full if self.full is not None else self.deep
 
 
 def ids_array(tokens: list[int]) -> np.ndarray:
     return np.asarray(tokens, dtype=np.int64)[None, :]
 
 
-def target_call(pieces: Pieces, ids: np.ndarray, pos: int, keep: int = 1, tree=None,
-                hidden: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The target model on token ids [1, n] at `pos`: (early-exit states [1, n, H], logits [1, keep, V]).
-    `hidden`: those states when a drafter made them already, which spares shallow when deep is the target;
-    `full` always computes them itself, so every target call is the same graph's arithmetic."""
-    if pieces.full is not None:
-        out = pieces.full.run(ids, pos, keep=keep, tree=tree)
-        return out["hidden"], out["logits"]
-    if hidden is None:
-        hidden = pieces.shallow.run(ids, pos, tree=tree)["hidden"]
-    return hidden, pieces.deep.run(hidden, pos, keep=keep, tree=tree)["logits"]
-
-
 def target_step(pieces: Pieces, tokens: list[int], pos: int, keep: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """The target on `tokens` at `pos`; returns (h_l [1, n, H], logits [1, keep, V])."""
-    return target_call(pieces, ids_array(tokens), pos, keep)
+    """Run shallow then deep on `tokens` at `pos`; returns (h_l [1, n, H], logits [1, keep, V])."""
+    hidden = pieces.shallow.run(ids_array(tokens), pos)["hidden"]
+    return hidden, pieces.deep.run(hidden, pos, keep=keep)["logits"]
 
 
 def prefill(pieces: Pieces, prompt: list[int], stats: Stats) -> tuple[np.ndarray, np.ndarray]:

@@ -22,7 +22,6 @@ import numpy as np
 
 from .backends.common import Piece, join_states
 from .decode import Pieces, ids_array
-from .early_exit import catch_up
 from .policies import DraftPolicy, DraftSignal
 from .sampling import SamplingParams, probabilities, sample
 from .stats import Stats
@@ -103,8 +102,7 @@ class SelfDrafter:
     """Kangaroo's double early exit: shallow layers + adapter, token by token.
 
     The shallow states it computes on the way are the verifier's input, so `deep` never makes the
-    shallow layers run twice on a token (`full`, where the bundle has it, runs them again: one call, not
-    two, and every target call the same graph)."""
+    shallow layers run twice on a token."""
 
     name = "self"
 
@@ -119,10 +117,8 @@ class SelfDrafter:
                 rng: np.random.Generator) -> Draft:
         p = self.pieces
         pos = len(history) - 1
-        t0 = time.perf_counter()
-        catch_up(p, history, pos)
         drafts, qs, hs = [], [], []
-        x, stop, catchup = history[-1], False, time.perf_counter() - t0
+        x, stop, catchup = history[-1], False, 0.0
         while True:
             hs.append(p.shallow.run(ids_array([x]), pos + len(hs))["hidden"])
             if stop or len(drafts) == budget:
@@ -130,7 +126,7 @@ class SelfDrafter:
             t0, backlog = time.perf_counter(), self.adapter.pending.shape[1]
             out = self.adapter.read(hs[-1], pos + len(hs) - 1)
             if backlog > 1:  # positions other drafters verified (or the prompt): a one-off cost
-                catchup += time.perf_counter() - t0
+                catchup = time.perf_counter() - t0
             x, q, signal = choose(out, params, rng, p.draft_vocab, p.vocab_size)
             drafts.append(x)
             if q is not None:
@@ -313,7 +309,6 @@ class HierDrafter:
         if n == 0:
             return draft
         pos = len(history) - 1
-        catch_up(self.pieces, history, pos)
         hidden = self.pieces.shallow.run(ids_array([history[-1], *tokens]), pos)["hidden"]
         keep = n
         if n > 1:  # the adapter's picks for drafts 1..n-1 (the last one's verdict could cut nothing)

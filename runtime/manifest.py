@@ -26,7 +26,7 @@ from .errors import SpecExportError
 
 SCHEMA_VERSION = 2
 MANIFEST = "manifest.json"
-PIECE_NAMES = ("shallow", "adapter", "deep", "drafter", "full")
+PIECE_NAMES = ("shallow", "adapter", "deep", "drafter")
 # the longest context of any supported family's config (Llama 3.x, Qwen3: 128k) with room to spare; a
 # larger one is a typo, and would only fail later allocating its caches
 MAX_CONTEXT = 1 << 18
@@ -215,7 +215,6 @@ class Piece:
     source: dict[str, Any] | None = None  # where a drafter came from (names and hashes, no paths)
     training: dict[str, Any] | None = None
     parity: dict[str, Any] | None = None
-    weights_from: tuple[str, ...] | None = None  # `full`: the pieces whose data files hold its weights
 
     def check(self, where: str) -> None:
         _at_least(self.min_rows, 1, f"{where}.min_rows")
@@ -348,8 +347,6 @@ class Manifest:
             if name not in PIECE_NAMES:
                 raise ManifestError(f"manifest field pieces.{name} is not a piece this runtime knows"
                                     f" ({', '.join(PIECE_NAMES)})")
-        if "full" in self.pieces:
-            self._check_full()
         for rel, digest in self.files.items():
             check_relative(rel, f"files.{rel}")
             if not re.fullmatch(r"[0-9a-f]{64}", digest):
@@ -367,19 +364,6 @@ class Manifest:
         if unknown:
             raise ManifestError(f"manifest field tensorrt.engines has an engine for {unknown[0]!r}, which is not a"
                                 " piece of this bundle")
-
-    def _check_full(self) -> None:
-        """`full` is shallow and deep joined (exporter/joined.py): their layers, caches and weights."""
-        full, shallow, deep = self.pieces["full"], self.pieces["shallow"], self.pieces["deep"]
-        if tuple(full.weights_from or ()) != ("shallow", "deep") or shallow.data is None or deep.data is None:
-            raise ManifestError("manifest field pieces.full.weights_from must be [\"shallow\", \"deep\"], pieces whose"
-                                " data files hold its weights; rebuild the bundle")
-        if full.layers is None or deep.layers is None or tuple(full.layers) != (0, deep.layers[1]):
-            raise ManifestError(f"manifest field pieces.full.layers is {full.layers and list(full.layers)}, not the"
-                                " whole model from layer 0 to deep's end; rebuild the bundle")
-        if full.kv.count != shallow.kv.count + deep.kv.count or full.kv.mode != deep.kv.mode:
-            raise ManifestError("manifest field pieces.full.kv does not hold shallow's caches and then deep's;"
-                                " rebuild the bundle")
 
     # -- writing --------------------------------------------------------------------------------------
     def to_dict(self) -> dict:

@@ -43,9 +43,8 @@ import numpy as np
 
 from .backends.common import join_states
 from .choices import SCHEDULES
-from .decode import Pieces, ids_array, prefill, target_call
+from .decode import Pieces, ids_array, prefill
 from .drafters import AdapterState, choose, fed_prefix
-from .early_exit import catch_up
 from .errors import SpecExportError
 from .policies import DraftPolicy, DraftSignal
 from .sampling import SamplingParams, pick
@@ -111,7 +110,6 @@ class SelfStepper:
         self.shallow = shallow or HostHandoff(pieces).shallow
 
     def start(self, prompt: list[int], hidden: np.ndarray) -> None:
-        catch_up(self.pieces, prompt, len(prompt))  # then it drafts every position itself
         self.adapter.start(hidden)
 
     def restart(self, history: list[int]) -> None:
@@ -174,8 +172,11 @@ class HostHandoff:
 
     def deep(self, items: list[Item], tokens: list[int], pos: int) -> np.ndarray:
         """Logits [n, V] of positions pos..pos+n-1: `tokens` are their tokens, for drafters without states."""
-        hidden = join_states([it.hidden for it in items]) if items[0].hidden is not None else None
-        return target_call(self.pieces, ids_array(tokens), pos, len(items), hidden=hidden)[1][0]
+        if items[0].hidden is not None:
+            hidden = join_states([it.hidden for it in items])
+        else:
+            hidden = self.pieces.shallow.run(ids_array(tokens), pos)["hidden"]
+        return self.pieces.deep.run(hidden, pos, keep=len(items))["logits"][0]
 
     def close(self) -> None:
         pass
@@ -311,7 +312,7 @@ def shared_pool_in_use() -> bool:
 def check_thread_pools(pieces: Pieces) -> None:
     """Refuse (one sentence) to run PEARL when every ONNX Runtime session shares the process-wide pool:
     the drafter and `deep` would then take turns on the same threads instead of running side by side."""
-    if shared_pool_in_use() and isinstance(pieces.target, sys.modules[f"{__package__}.backends.ort"].OrtPiece):
+    if shared_pool_in_use() and isinstance(pieces.deep, sys.modules[f"{__package__}.backends.ort"].OrtPiece):
         raise SpecExportError("schedule 'pearl' runs the drafter and `deep` side by side, but this process put"
                               " every ONNX Runtime session in one shared thread pool (use_shared_thread_pool);"
                               " open the bundle in a process that does not, or use --schedule sequential")
@@ -320,7 +321,7 @@ def check_thread_pools(pieces: Pieces) -> None:
 def make_handoff(pieces: Pieces, self_draft: bool):
     """The handoff of shallow states between the threads: host arrays for ONNX Runtime, device buffers and
     CUDA events between two streams for TensorRT (imported only then)."""
-    if type(pieces.target).__name__ == "TrtPiece":
+    if type(pieces.deep).__name__ == "TrtPiece":
         from .backends.cuda_streams import StreamHandoff
 
         return StreamHandoff(pieces, self_draft)

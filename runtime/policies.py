@@ -279,9 +279,6 @@ def measure_cost(pieces, mode: str, gamma_max: int, max_context: int, repeats: i
     states = pieces.shallow.run(ids, pos)["hidden"]
 
     def verify(n: int) -> None:
-        if pieces.full is not None:  # one call computes the states too
-            pieces.full.run(ids[:, :n], pos, keep=n)
-            return
         pieces.shallow.run(ids[:, :1 if mode == "self" else n], pos)  # self: the last draft's state only
         pieces.deep.run(states[:, :n], pos, keep=n)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from .backends.common import DeviceStates, WrappedPiece
-from .decode import Pieces, ids_array, target_call
+from .decode import Pieces, ids_array
 
 PROBE_TOKENS = 6
 
@@ -29,14 +29,14 @@ def probe_ids(vocab: int) -> list[int]:
 
 def one_row_calls_match(pieces: Pieces, vocab: int) -> bool:
     """True when the last token's logits from a call of PROBE_TOKENS rows equal, bit for bit, those of a
-    call of the others followed by a one-row call (through the target's pieces). The whole call keeps every
+    call of the others followed by a one-row call (through shallow and deep). The whole call keeps every
     row's logits, as a verification call does: the LM head's kernels, too, may round a one-row call (an AR
     step) otherwise than a row of many (MLAS's int4 blocks of 64 and more, int8 blocks of 128 and more)."""
     ids = probe_ids(vocab)
     last = len(ids) - 1
-    whole = target_call(pieces, ids_array(ids), 0, keep=len(ids))[1][:, -1:].copy()
-    target_call(pieces, ids_array(ids[:last]), 0)
-    single = target_call(pieces, ids_array(ids[last:]), last)[1]
+    whole = pieces.deep.run(pieces.shallow.run(ids_array(ids), 0)["hidden"], 0, keep=len(ids))["logits"][:, -1:].copy()
+    pieces.deep.run(pieces.shallow.run(ids_array(ids[:last]), 0)["hidden"], 0, keep=1)
+    single = pieces.deep.run(pieces.shallow.run(ids_array(ids[last:]), last)["hidden"], last, keep=1)["logits"]
     return bool(np.array_equal(whole, single))
 
 
@@ -62,14 +62,10 @@ class TwoRowCalls(WrappedPiece):
 
 
 def pad_if_needed(pieces: Pieces, vocab: int, min_rows: int, max_context: int) -> bool:
-    """Wraps the target's pieces (`full`, or shallow and deep) in TwoRowCalls when their one-row calls leave
-    a verification call's arithmetic on this machine; True when it did. Pieces that pad in the graph
-    (min_rows 2) are left."""
+    """Wraps shallow and deep in TwoRowCalls when their one-row calls leave a verification call's
+    arithmetic on this machine; True when it did. Pieces that pad in the graph (min_rows 2) are left."""
     if min_rows >= 2 or max_context < PROBE_TOKENS + 1 or one_row_calls_match(pieces, vocab):
         return False
-    if pieces.full is not None:  # the one target piece (shallow's calls only draft)
-        pieces.full = TwoRowCalls(pieces.full, max_context)
-        return True
     pieces.shallow = TwoRowCalls(pieces.shallow, max_context)
     pieces.deep = TwoRowCalls(pieces.deep, max_context)
     return True

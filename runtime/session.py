@@ -20,7 +20,6 @@ from .decode import Pieces
 from .drafters import (
     AutoMemory,
 )
-from .early_exit import EarlyExit
 from .errors import SpecExportError
 from .options import Limits, Options, make_options
 from .policies import CostModel, measure_cost
@@ -60,22 +59,13 @@ def _open_pieces(bundle: Bundle, backend: str, providers: list[str] | None,
         raise SpecExportError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
     dims = bundle.manifest.model.dims
     sensitive = backend == "onnxruntime" and length_sensitive(bundle.manifest.graph.flavour, dims.head_dim)
-    # `full` where ONNX Runtime's CPU provider runs it and no call must be cut at an attention boundary
-    joined = ("full" in bundle.pieces and backend == "onnxruntime" and not sensitive
-              and set(providers or ["CPUExecutionProvider"]) == {"CPUExecutionProvider"})
-    skip = {"deep"} if joined else {"full"}
     opened = {}
     for name in bundle.pieces:  # shallow's and deep's attention may round by length (attention_rounding.py)
-        if name in skip:
-            continue
         with flash_attention_off() if sensitive and name in ("shallow", "deep") else nullcontext():
             opened[name] = open_piece(name)
-    if joined:
-        opened["shallow"] = EarlyExit(opened["shallow"], bundle.max_context)
-    pieces = Pieces(**{"deep": None, **opened}, draft_vocab=bundle.draft_vocab("adapter"),
-                    drafter_vocab=bundle.draft_vocab("drafter"), vocab_size=dims.vocab)
-    target = ("full",) if joined else ("shallow", "deep")
-    min_rows = min(bundle.pieces[name].min_rows for name in target)
+    pieces = Pieces(**opened, draft_vocab=bundle.draft_vocab("adapter"), drafter_vocab=bundle.draft_vocab("drafter"),
+                    vocab_size=dims.vocab)
+    min_rows = min(bundle.pieces["shallow"].min_rows, bundle.pieces["deep"].min_rows)
     # one-row calls must round as verification rows on this machine, or the session pads them itself
     padded = pad_if_needed(pieces, dims.vocab, min_rows, bundle.max_context)
     if sensitive and pieces.deep.device is None:  # (a GPU provider's attention is not ONNX Runtime's CPU kernel)
@@ -100,7 +90,7 @@ class Session:
         self.speculative = bundle.manifest.speculative
         self.auto_trees = auto_trees(self.speculative)
         # a verification call's most tokens: a TensorRT engine's widest profile; ONNX Runtime, the context
-        self.limits = Limits(bundle.max_context, getattr(pieces.target, "keep_max", None) or bundle.max_context - 1)
+        self.limits = Limits(bundle.max_context, getattr(pieces.deep, "keep_max", None) or bundle.max_context - 1)
         self.costs: dict[tuple[str, int], CostModel] = {}  # the goodput policy's, measured when first asked for
         self.auto_memory: dict[tuple[str, ...], AutoMemory] = {}  # what auto learned, per set of its choices
         self._turn = threading.Lock()  # one request at a time on the pieces' caches
@@ -114,12 +104,12 @@ class Session:
         pad every op), `attention` (they pad attention alone, and this machine's kernels round the rest of
         a one-row call as a row of many), `session` (they do not round alike here: the session runs such
         calls as two rows), or `none` (a bundle built to pad nothing, whose calls round alike here)."""
-        piece = self.pieces.target
+        piece = self.pieces.deep
         while isinstance(piece, SplitAtBoundary):
             piece = piece.piece
         if isinstance(piece, TwoRowCalls):
             return "session"
-        spec = self.bundle.pieces["full" if self.pieces.full is not None else "deep"]
+        spec = self.bundle.pieces["deep"]
         if spec.min_rows >= 2:
             return "graph"
         return "none" if spec.one_row_padding == "none" else "attention"
@@ -233,7 +223,7 @@ class TextStream:
 def load(bundle: str | Path, backend: str = "onnxruntime", providers: list[str] | None = None,
          threads: int | dict[str, int] | None = None, verify: bool = True,
          expect_digest: str | None = None) -> Session:
-    """Open a bundle: checksums verified, one backend session per piece it runs, caches preallocated. With
+    """Open a bundle: checksums verified, one backend session per piece, caches preallocated. With
     ``expect_digest`` (the SHA-256 `specexport inspect` prints) any other bundle is refused."""
     b = load_bundle(bundle, verify=verify, expect_digest=expect_digest)
     check_cache_fits(b)
@@ -243,9 +233,7 @@ def load(bundle: str | Path, backend: str = "onnxruntime", providers: list[str] 
 def cache_bytes(bundle: Bundle) -> int:
     """What the pieces' KV caches take at the bundle's context (ONNX Runtime binds one buffer per cache)."""
     total = 0
-    for name, spec in bundle.pieces.items():
-        if name == "full":  # its layers are shallow's and deep's, counted there
-            continue
+    for spec in bundle.pieces.values():
         past = next((t for t in spec.inputs if t.name.startswith("past_key.")), None)
         if past is None:
             continue

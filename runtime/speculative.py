@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from .backends.common import TreeMask
-from .decode import Pieces, ids_array, prefill, target_call
+from .decode import Pieces, ids_array, prefill
 from .drafters import Draft, Drafter
 from .policies import DraftPolicy
 from .sampling import SamplingParams, pick, probabilities, sample
@@ -69,10 +69,11 @@ def speculative(pieces: Pieces, drafter: Drafter, policy: DraftPolicy, prompt: l
         budget = min(policy.budget(), max_context - pos - 1)  # every draft needs a cache slot
         draft = drafter.propose(history, budget, policy, params, rng) if budget > 0 else Draft([])
         t1 = time.perf_counter()
+        hidden = draft.hidden
         tree = None if draft.parents is None else TreeMask.from_parents(draft.parents, pos)
-        n = len(draft.tokens) + 1
-        hidden, logits = target_call(pieces, ids_array([history[-1], *draft.tokens]), pos, n, tree, draft.hidden)
-        logits = logits[0]
+        if hidden is None:
+            hidden = pieces.shallow.run(ids_array([history[-1], *draft.tokens]), pos, tree=tree)["hidden"]
+        logits = pieces.deep.run(hidden, pos, keep=hidden.shape[1], tree=tree)["logits"][0]
         if tree is None:
             new = accept(draft.tokens, draft.qs, logits, params, rng)
         else:  # greedy: the target's branch through the tree, as far as rows computed as AR's decide it

@@ -63,8 +63,8 @@ class TreeShape:
 
 def trees_supported(pieces: Pieces) -> bool:
     """Whether every piece a tree step runs takes token trees (bundles built before `attention_bias` do not)."""
-    target = (pieces.full,) if pieces.full is not None else (pieces.shallow, pieces.deep)
-    return pieces.drafter is not None and all(TreeMask.supported(p) for p in (*target, pieces.drafter))
+    return pieces.drafter is not None and all(TreeMask.supported(p) for p in (pieces.shallow, pieces.deep,
+                                                                              pieces.drafter))
 
 
 # auto's tree: up to four drafter tokens three deep, but a token is verified only when the drafter gives its
@@ -103,7 +103,7 @@ class TreeDrafter:
         self.chain = ModelDrafter(pieces)
         self.lookup = LookupDrafter(pieces.vocab_size, max_context, shape.lookup)
         self.piece, self.vocab_map, self.shape = pieces.drafter, pieces.drafter_vocab, shape
-        self.target = pieces.target
+        self.target = pieces.deep
         self.max_context = max_context
         # the floors as branch scores (log-probabilities); 0 means no floor. A leaf below either floor adds
         # nothing to the tree, so only leaves at or above both are extended.

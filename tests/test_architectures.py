@@ -237,26 +237,27 @@ DEEP_TREE = [-1, 0, *range(0, 19)]
 @pytest.mark.parametrize("arch", ["mistral", "gemma3_text"])
 def test_a_tree_deeper_than_the_window_equals_each_branch_as_a_chain(family, arch, flavour):
     from specexport.runtime.backends.common import TreeMask
-    from specexport.runtime.decode import ids_array, target_call
+    from specexport.runtime.decode import ids_array
 
     pieces = load(family(arch)[flavour], threads=1).pieces
     rng = np.random.default_rng(3)
     prompt, tokens = rng.integers(0, 300, size=12).tolist(), rng.integers(0, 300, size=len(DEEP_TREE)).tolist()
 
     def prefill() -> None:
-        target_call(pieces, ids_array(prompt), 0)
+        pieces.deep.run(pieces.shallow.run(ids_array(prompt), 0)["hidden"], 0)
 
     prefill()
     pos, tree = len(prompt), TreeMask.from_parents(DEEP_TREE, len(prompt))
     assert tree.depth.max() > 8
-    got = target_call(pieces, ids_array(tokens), pos, len(tokens), tree)[1][0]
+    hidden = pieces.shallow.run(ids_array(tokens), pos, tree=tree)["hidden"]
+    got = pieces.deep.run(hidden, pos, keep=len(tokens), tree=tree)["logits"][0]
     for i in (len(tokens) - 2, len(tokens) - 1, 9, 4):
         path = [i]
         while DEEP_TREE[path[-1]] >= 0:
             path.append(DEEP_TREE[path[-1]])
         prefill()
         chain = [tokens[j] for j in path[::-1]]
-        want = target_call(pieces, ids_array(chain), pos, len(chain))[1]
+        want = pieces.deep.run(pieces.shallow.run(ids_array(chain), pos)["hidden"], pos, keep=len(chain))["logits"]
         _close(got[i], want[0, -1], 1e-5)
 
 

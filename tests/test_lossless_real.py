@@ -20,7 +20,7 @@ import os
 import numpy as np
 import pytest
 from specexport.runtime import load
-from specexport.runtime.decode import ids_array, target_call
+from specexport.runtime.decode import ids_array
 
 from .conftest import REAL_VARIANTS, real_bundle
 from .real_prompts import PROMPTS
@@ -78,42 +78,42 @@ def opened(variant: str) -> tuple:
     return (session, *_ar[variant])
 
 
-def _split(pieces, prefix: np.ndarray, rows: np.ndarray, chunks: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """`rows` run after `prefix` through the target's pieces in calls of `chunks` rows: (the early-exit
-    states, the logits) of every row."""
-    target_call(pieces, prefix, 0)
-    hidden, logits, done = [], [], 0
+def _split(piece, prefix: np.ndarray, rows: np.ndarray, chunks: list[int], output: str) -> np.ndarray:
+    """`rows` run after `prefix` in calls of `chunks` rows; the piece's `output` for every row."""
+    piece.run(prefix, 0)
+    outs, done = [], 0
     for n in chunks:
-        h, z = target_call(pieces, rows[:, done:done + n], prefix.shape[1] + done, n)
-        hidden.append(h.copy())
-        logits.append(z.copy())
+        outs.append(piece.run(rows[:, done:done + n], prefix.shape[1] + done, keep=n)[output].copy())
         done += n
-    return np.concatenate(hidden, axis=1), np.concatenate(logits, axis=1)
+    return np.concatenate(outs, axis=1)
 
 
 @pytest.mark.parametrize("variant", list(REAL_VARIANTS))
 def test_verification_rows_are_one_token_calls_bit_for_bit(variant):
-    """A chain of 8 tokens verified in one call, or in calls of 1, 2, 3 and 2 rows, gives every early-exit
-    state and every logit of 8 one-token AR calls to the bit, through the pieces every target call runs
-    (`full`, or shallow and deep); a 24-row tree call's leading chain rows equal one-token calls to the bit
-    too."""
+    """A chain of 8 tokens verified in one call, or in calls of 1, 2, 3 and 2 rows, gives every hidden state
+    (shallow) and every logit (deep) of 8 one-token AR calls to the bit; a 24-row tree call's leading chain
+    rows equal one-token calls to the bit too."""
     session = session_of(variant)
     pieces, manifest = session.pieces, session.bundle.manifest
     # the ort flavour pads attention in the graph and the session the rest where this machine needs it; the
     # standard flavour pads every op in the graph
     rows = 2 if manifest.graph.flavour == "standard" else 1
     assert manifest.pieces["shallow"].min_rows == rows and manifest.pieces["deep"].min_rows == rows
-    assert (pieces.full is not None) == (manifest.graph.flavour == "ort" and manifest.precision in ("int8", "int4"))
     assert session.one_row_calls in (("graph",) if rows == 2 else ("attention", "session"))
     ids = session.prompt_ids(CASES[0], session.options())
-    prompt, chain = ids_array(ids[:-8]), ids_array(ids[-8:])
-    hidden, logits = _split(pieces, prompt, chain, [8])
-    assert logits.shape[1] == 8 and np.isfinite(logits).all()
-    for chunks in ([1] * 8, [1, 2, 3, 2]):
-        got = _split(pieces, prompt, chain, chunks)
-        np.testing.assert_array_equal(got[0], hidden, err_msg=f"early-exit states, calls of {chunks} rows")
-        np.testing.assert_array_equal(got[1], logits, err_msg=f"logits, calls of {chunks} rows")
-    leading_rows_are_ar_bit_for_bit(pieces, manifest.model.dims.vocab)
+    prompt, chain = ids[:-8], ids[-8:]
+    hidden_prompt = pieces.shallow.run(ids_array(prompt), 0)["hidden"].copy()
+    whole = {}
+    for chunks in ([8], [1] * 8, [1, 2, 3, 2]):
+        hidden = _split(pieces.shallow, ids_array(prompt), ids_array(chain), chunks, "hidden")
+        logits = _split(pieces.deep, hidden_prompt, hidden if not whole else whole["hidden"], chunks, "logits")
+        if not whole:
+            whole = {"hidden": hidden, "logits": logits}
+            assert logits.shape[1] == 8 and np.isfinite(logits).all()
+            continue
+        np.testing.assert_array_equal(hidden, whole["hidden"], err_msg=f"shallow, calls of {chunks} rows")
+        np.testing.assert_array_equal(logits, whole["logits"], err_msg=f"deep, calls of {chunks} rows")
+    leading_rows_are_ar_bit_for_bit(pieces, manifest.model.dims.hidden, dtype=hidden_prompt.dtype)
 
 
 @pytest.mark.parametrize(("variant", "system"), CASES_BY_BUNDLE)

@@ -112,37 +112,6 @@ def test_a_broken_manifest_is_one_sentence_naming_the_field(bundle, tmp_path, mu
     assert field in _refused(tmp_path, bundle, data)
 
 
-def _with_full(m: dict) -> dict:
-    """`m` with a `full` piece as a quantized build writes it (its graph file stands in: the manifest's
-    checks come before any file is opened)."""
-    shallow, deep = m["pieces"]["shallow"], m["pieces"]["deep"]
-    ell, names = shallow["kv"]["count"], {t["name"] for t in shallow["inputs"]}
-
-    def shifted(t: dict) -> dict:
-        kind, _, layer = t["name"].rpartition(".")
-        return {**t, "name": f"{kind}.{int(layer) + ell}"} if kind.startswith("past_") else t
-
-    deep_inputs = [shifted(t) for t in deep["inputs"] if t["name"] != "hidden_in"]
-    m["pieces"]["full"] = {**copy.deepcopy(deep), "data": None, "layers": [0, deep["layers"][1]],
-                           "weights_from": ["shallow", "deep"],
-                           "kv": {**deep["kv"], "count": ell + deep["kv"]["count"]},
-                           "inputs": [*shallow["inputs"], *(t for t in deep_inputs if t["name"] not in names)]}
-    return m
-
-
-@pytest.mark.parametrize("mutate, words", [
-    (lambda f: f.pop("weights_from"), "pieces.full.weights_from"),
-    (lambda f: f.update(weights_from=["deep"]), "pieces.full.weights_from"),
-    (lambda f: f.update(layers=[2, 4]), "pieces.full.layers"),
-    (lambda f: f["kv"].update(count=f["kv"]["count"] - 1), "pieces.full.kv"),
-])
-def test_a_full_piece_must_be_shallow_and_deep_joined(bundle, tmp_path, mutate, words):
-    data = _with_full(copy.deepcopy(_raw(bundle)))
-    Manifest.from_dict(copy.deepcopy(data))  # as written, it passes
-    mutate(data["pieces"]["full"])
-    assert words in _refused(tmp_path, bundle, data)
-
-
 def test_another_schema_is_refused_with_how_to_rebuild(bundle, tmp_path):
     data = {**_raw(bundle), "schema_version": 1}
     message = _refused(tmp_path, bundle, data)

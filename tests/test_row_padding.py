@@ -8,7 +8,6 @@ import pytest
 from specexport.exporter.build import build_bundle
 from specexport.runtime import load
 from specexport.runtime.backends.common import DeviceStates
-from specexport.runtime.decode import target_call
 from specexport.runtime.row_padding import TwoRowCalls, one_row_calls_match
 from specexport.runtime.session import _open_pieces
 
@@ -20,58 +19,45 @@ SYSTEMS = [{"mode": "self"}, {"mode": "model"}, {"mode": "lookup"}, {"mode": "mo
            {"mode": "auto"}, {"mode": "model", "schedule": "pearl"}]
 
 
-@pytest.fixture(scope="module", params=["fp32", "int8"])
-def unpadded(request, tmp_path_factory, tiny_checkpoint):
-    """A tiny bundle whose graphs pad nothing (one_row_padding = "none"), with a drafter for model mode: at
-    fp32 its target is shallow and deep, at int8 `full`."""
+@pytest.fixture(scope="module")
+def unpadded(tmp_path_factory, tiny_checkpoint):
+    """A tiny bundle whose graphs pad nothing (one_row_padding = "none"), with a drafter for model mode."""
     root = tmp_path_factory.mktemp("unpadded")
     recipe = root / "r.toml"
-    recipe.write_text(f'name = "tiny"\n[export]\nexit_layer = 2\none_row_padding = "none"\n'
-                      f'precision = "{request.param}"\n')
+    recipe.write_text('name = "tiny"\n[export]\nexit_layer = 2\none_row_padding = "none"\n')
     drafter = make_noisy_drafter(tiny_checkpoint, root / "drafter")  # agrees often, not always
     build_bundle(root / "b", recipe=str(recipe), model=str(tiny_checkpoint), context=128, adapter="untrained",
                  drafter=str(drafter))
     return root / "b"
 
 
-def _unwrapped(pieces):
-    """`pieces` without the session's two-row calls (_open_pieces wraps the target where the probe failed)."""
-    for name in ("shallow", "deep", "full"):
-        piece = getattr(pieces, name)
-        if isinstance(piece, TwoRowCalls):
-            setattr(pieces, name, piece.piece)
-    return pieces
-
-
-def _verification_rows(pieces, chunks: list[int], vocab: int) -> np.ndarray:
+def _verification_rows(pieces, chunks: list[int]) -> np.ndarray:
     rng = np.random.default_rng(3)
-    prefix = rng.integers(0, vocab, (1, 12))
-    rows = rng.integers(0, vocab, (1, sum(chunks)))
-    target_call(pieces, prefix, 0)
+    prefix = rng.standard_normal((1, 12, 64)).astype(np.float32)
+    rows = rng.standard_normal((1, sum(chunks), 64)).astype(np.float32)
+    pieces.deep.run(prefix, 0)
     outs, done = [], 0
     for n in chunks:
-        outs.append(target_call(pieces, rows[:, done:done + n], 12 + done, n)[1].copy())
+        outs.append(pieces.deep.run(rows[:, done:done + n], 12 + done, keep=n)["logits"].copy())
         done += n
     return np.concatenate(outs, axis=1)
 
 
 def test_the_probe_finds_one_row_calls_that_round_otherwise_and_the_session_pads_them(unpadded):
     session = load(unpadded)
-    vocab = session.bundle.manifest.model.dims.vocab
     assert session.one_row_calls == "session"
-    assert (session.pieces.full is not None) == (session.bundle.manifest.precision == "int8")
-    target = (session.pieces.target,) if session.pieces.full else (session.pieces.shallow, session.pieces.deep)
-    assert all(isinstance(piece, TwoRowCalls) for piece in target)
+    assert isinstance(session.pieces.shallow, TwoRowCalls) and isinstance(session.pieces.deep, TwoRowCalls)
     # the same pieces without the session's padding: GroupQueryAttention's one-row path rounds differently
-    raw = _unwrapped(_open_pieces(session.bundle, "onnxruntime", None, None))
-    assert not one_row_calls_match(raw, vocab)
-    whole = _verification_rows(raw, [6], vocab)
-    assert not np.array_equal(_verification_rows(raw, [1] * 6, vocab), whole)
+    raw = _open_pieces(session.bundle, "onnxruntime", None, None)
+    raw.shallow, raw.deep = raw.shallow.piece, raw.deep.piece  # _open_pieces wrapped them too
+    assert not one_row_calls_match(raw, session.bundle.manifest.model.dims.vocab)
+    whole = _verification_rows(raw, [6])
+    assert not np.array_equal(_verification_rows(raw, [1] * 6), whole)
     # through the session's pieces every split of a call is the same to the bit
-    whole = _verification_rows(session.pieces, [6], vocab)
-    np.testing.assert_array_equal(_verification_rows(session.pieces, [1] * 6, vocab), whole)
-    np.testing.assert_array_equal(_verification_rows(session.pieces, [1, 2, 1, 2], vocab), whole)
-    leading_rows_are_ar_bit_for_bit(session.pieces, vocab)
+    whole = _verification_rows(session.pieces, [6])
+    np.testing.assert_array_equal(_verification_rows(session.pieces, [1] * 6), whole)
+    np.testing.assert_array_equal(_verification_rows(session.pieces, [1, 2, 1, 2]), whole)
+    leading_rows_are_ar_bit_for_bit(session.pieces, 64)
 
 
 @pytest.mark.parametrize("system", SYSTEMS, ids=lambda s: "-".join(str(v) for v in s.values()))
@@ -92,11 +78,10 @@ def test_a_bundle_that_pads_attention_keeps_one_row_calls_exact(tiny_bundles):
     # the default ort build pads attention alone; whichever way the probe decides on this machine, a split
     # verification call must equal the whole one
     session = load(tiny_bundles("ort"))
-    vocab = session.bundle.manifest.model.dims.vocab
     assert session.bundle.pieces["deep"].min_rows == 1
     assert session.one_row_calls in ("attention", "session")
-    whole = _verification_rows(session.pieces, [6], vocab)
-    np.testing.assert_array_equal(_verification_rows(session.pieces, [1] * 6, vocab), whole)
+    whole = _verification_rows(session.pieces, [6])
+    np.testing.assert_array_equal(_verification_rows(session.pieces, [1] * 6), whole)
 
 
 def test_the_probe_reads_the_lm_heads_rows_as_verification_does(tmp_path, tiny_checkpoint):
@@ -108,13 +93,15 @@ def test_the_probe_reads_the_lm_heads_rows_as_verification_does(tmp_path, tiny_c
                       '[export.quantize]\nlm_head_block_size = 128\n')
     build_bundle(tmp_path / "b", recipe=str(recipe), model=str(tiny_checkpoint), context=128, adapter="untrained")
     session = load(tmp_path / "b")
-    vocab = session.bundle.manifest.model.dims.vocab
-    raw = _unwrapped(_open_pieces(session.bundle, "onnxruntime", None, None))
-    exact = np.array_equal(_verification_rows(raw, [1] * 6, vocab), _verification_rows(raw, [6], vocab))
-    assert one_row_calls_match(raw, vocab) == exact
+    raw = _open_pieces(session.bundle, "onnxruntime", None, None)
+    for name in ("shallow", "deep"):  # _open_pieces wraps them where the probe failed
+        piece = getattr(raw, name)
+        setattr(raw, name, getattr(piece, "piece", piece))
+    exact = np.array_equal(_verification_rows(raw, [1] * 6), _verification_rows(raw, [6]))
+    assert one_row_calls_match(raw, session.bundle.manifest.model.dims.vocab) == exact
     assert session.one_row_calls == ("attention" if exact else "session")
-    whole = _verification_rows(session.pieces, [6], vocab)
-    np.testing.assert_array_equal(_verification_rows(session.pieces, [1] * 6, vocab), whole)
+    whole = _verification_rows(session.pieces, [6])
+    np.testing.assert_array_equal(_verification_rows(session.pieces, [1] * 6), whole)
     for prompt in PROMPTS:
         ids = session.prompt_ids(prompt, session.options())
         ar = session.generate_ids(ids, max_new_tokens=32, mode="ar").tokens

@@ -108,9 +108,9 @@ class DelayingPiece:
         self.piece, self.rng, self.max_s = piece, rng, max_ms / 1e3
         self.name = piece.name
 
-    def run(self, x, start, keep=1, tree=None):
+    def run(self, x, start, keep=1):
         time.sleep(self.rng.random() * self.max_s)
-        out = self.piece.run(x, start, keep, tree)
+        out = self.piece.run(x, start, keep)
         time.sleep(self.rng.random() * self.max_s)
         return out
 
@@ -374,7 +374,7 @@ class TargetAsDrafter:
     def __init__(self, other) -> None:
         self.shallow, self.deep = other.pieces.shallow, other.pieces.deep
 
-    def run(self, x, start, keep=1, tree=None):
+    def run(self, x, start, keep=1):
         logits = self.deep.run(self.shallow.run(x, start)["hidden"], start, keep=1)["logits"]
         top = int(np.argmax(logits[0, -1]))
         if (start + x.shape[1]) % 3 == 0:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from specexport.runtime import load
 from specexport.runtime.backends.common import TreeMask
-from specexport.runtime.decode import ids_array, target_call
+from specexport.runtime.decode import ids_array
 
 # root 0; children 1, 2; 3 under 1; 4 under 2; 5 under 3; 6 under 1 (a branch interleaved with another)
 PARENTS = [-1, 0, 0, 1, 2, 3, 1]
@@ -24,8 +24,9 @@ def branch(i: int) -> list[int]:
 
 
 def chain_logits(pieces, prompt: list[int], tokens: list[int]) -> np.ndarray:
-    target_call(pieces, ids_array(prompt), 0)
-    return target_call(pieces, ids_array(tokens), len(prompt), len(tokens))[1][0]
+    pieces.deep.run(pieces.shallow.run(ids_array(prompt), 0)["hidden"], 0)
+    hidden = pieces.shallow.run(ids_array(tokens), len(prompt))["hidden"]
+    return pieces.deep.run(hidden, len(prompt), keep=len(tokens))["logits"][0]
 
 
 def test_tree_layout_depths_and_ancestors():
@@ -42,9 +43,10 @@ def test_tree_layout_depths_and_ancestors():
 def test_tree_call_equals_each_branch_as_a_chain(tiny_bundles, flavour):
     pieces = load(tiny_bundles(flavour)).pieces
     prompt = [1, 5, 9, 14, 3, 8]
-    target_call(pieces, ids_array(prompt), 0)
+    pieces.deep.run(pieces.shallow.run(ids_array(prompt), 0)["hidden"], 0)
     pos = len(prompt)
-    tree = target_call(pieces, ids_array(TOKENS), pos, len(TOKENS), TreeMask.from_parents(PARENTS, pos))[1][0]
+    hidden = pieces.shallow.run(ids_array(TOKENS), pos, tree=TreeMask.from_parents(PARENTS, pos))["hidden"]
+    tree = pieces.deep.run(hidden, pos, keep=len(TOKENS), tree=TreeMask.from_parents(PARENTS, pos))["logits"][0]
     for i in range(len(TOKENS)):
         path = branch(i)
         chain = chain_logits(pieces, prompt, [TOKENS[j] for j in path])
@@ -56,18 +58,17 @@ CHAIN = 4
 WIDE = [-1, 0, 1, 2, 2, 1, 0, 4, 5, 6, 3, 3, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18]
 
 
-def leading_rows_are_ar_bit_for_bit(pieces, vocab: int) -> float:
-    """Asserts that a tree call's leading chain rows equal one-token calls bit for bit, through the target's
-    pieces (`full`, or shallow and deep); returns the largest logit difference of the other rows against
-    their branches as chains (what `settle` does not trust)."""
+def leading_rows_are_ar_bit_for_bit(pieces, hidden_size: int, dtype=np.float32) -> float:
+    """Asserts that a tree call's leading chain rows equal one-token calls bit for bit; returns the largest
+    logit difference of the other rows against their branches as chains (what `settle` does not trust)."""
     rng = np.random.default_rng(7)
-    prefix = ids_array(rng.integers(0, vocab, 20).tolist())
-    ids = rng.integers(0, vocab, len(WIDE))
-    pos = prefix.shape[1]
-    target_call(pieces, prefix, 0)
-    tree = target_call(pieces, ids[None, :], pos, len(WIDE), TreeMask.from_parents(WIDE, pos))[1][0]
+    prefix = rng.standard_normal((1, 20, hidden_size)).astype(dtype)
+    h = rng.standard_normal((1, len(WIDE), hidden_size)).astype(dtype)
+    deep, pos = pieces.deep, prefix.shape[1]
+    deep.run(prefix, 0)
+    tree = deep.run(h, pos, keep=len(WIDE), tree=TreeMask.from_parents(WIDE, pos))["logits"][0]
     for i in range(CHAIN):  # AR: one call per token, in sequence
-        ar = target_call(pieces, ids[None, i:i + 1], pos + i)[1][0, -1]
+        ar = deep.run(h[:, i:i + 1], pos + i)["logits"][0, -1]
         np.testing.assert_array_equal(tree[i], ar, err_msg=f"leading chain row {i}")
     worst = 0.0
     for i in range(CHAIN, len(WIDE)):
@@ -76,8 +77,8 @@ def leading_rows_are_ar_bit_for_bit(pieces, vocab: int) -> float:
         while j >= 0:
             path.append(j)
             j = WIDE[j]
-        target_call(pieces, prefix, 0)
-        chain = target_call(pieces, ids[None, path[::-1]], pos, len(path))[1][0, -1]
+        deep.run(prefix, 0)
+        chain = deep.run(h[:, path[::-1]], pos, keep=len(path))["logits"][0, -1]
         worst = max(worst, float(np.abs(tree[i] - chain).max()))
     return worst
 
@@ -85,4 +86,4 @@ def leading_rows_are_ar_bit_for_bit(pieces, vocab: int) -> float:
 @pytest.mark.parametrize("flavour", ["ort", "standard"])
 def test_a_tree_calls_leading_chain_rows_are_ar_bit_for_bit(tiny_bundles, flavour):
     session = load(tiny_bundles(flavour))
-    leading_rows_are_ar_bit_for_bit(session.pieces, session.bundle.manifest.model.dims.vocab)
+    leading_rows_are_ar_bit_for_bit(session.pieces, session.bundle.manifest.model.dims.hidden)
