@@ -1,8 +1,10 @@
-"""What stands between specexport's AR and ONNX Runtime GenAI's, measured part by part (timings side by side in
-one process, rounds interleaved).
+"""What stands between specexport's AR and ONNX Runtime GenAI's, measured part by part. `calls` and `padding` time
+their systems side by side in one process, token by token in lockstep, then again in a fresh process with the
+sessions created in the other order, and give each system's time over the first's as the mean of the two orders
+(in one process the session created first ran up to 7% slower here, whichever it was).
 
     # the bundle's shallow + deep joined into one graph (one session call a token instead of two), written
-    # to OUT/full.onnx; then AR through the two pieces against AR through the one graph, rounds interleaved
+    # to OUT/full.onnx; then AR through the two pieces against AR through the one graph
     # (the tokens must be the same, and are checked)
     .venv/bin/python tools/experiments/ar_gap.py merge bundles/smollm2-int4 /tmp/int4-one-graph
     taskset -c 0 .venv/bin/python tools/experiments/ar_gap.py calls bundles/smollm2-int4 /tmp/int4-one-graph
@@ -29,7 +31,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -97,43 +101,36 @@ def _two_calls(session):
     return lambda ids, pos: target_step(raw, ids[0].tolist(), pos)[1]
 
 
-def _ar_loop(step, prompt: list[int], tokens: int) -> tuple[float, list[int]]:
-    """ms per decode token and the tokens, for `step(ids, pos) -> logits` driven greedily."""
-    logits, pos, out = step(np.asarray([prompt]), 0), len(prompt), []
-    start = time.perf_counter()
-    for _ in range(tokens):
-        out.append(int(logits[0, -1].argmax()))
-        logits = step(np.asarray([[out[-1]]]), pos)
-        pos += 1
-    return (time.perf_counter() - start) / tokens * 1e3, out
+def _lockstep(systems: dict[str, object], prompt: list[int], rounds: int, tokens: int,
+              same_tokens: bool) -> dict[str, float]:
+    """Greedy AR of every system token by token in step (each its own tokens): a token's calls run one after
+    another, in an order that alternates token by token, so the machine's drift from second to second falls
+    on all of them alike. Returns each system's median ms a step."""
+    names = list(systems)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for _ in range(rounds):
+        logits = {name: systems[name](np.asarray([prompt]), 0) for name in names}
+        for k in range(tokens):
+            picked = {name: int(z[0, -1].argmax()) for name, z in logits.items()}
+            if same_tokens and len(set(picked.values())) != 1:
+                sys.exit(f"token {k}: the systems pick {picked}")
+            for name in names if k % 2 == 0 else names[::-1]:
+                t0 = time.perf_counter()
+                logits[name] = systems[name](np.asarray([[picked[name]]]), len(prompt) + k)
+                times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(v) * 1e3 for name, v in times.items()}
 
 
-def _interleaved(systems: dict[str, object], prompt: list[int], rounds: int, tokens: int,
-                 same_tokens: bool) -> None:
-    times: dict[str, list[float]] = {name: [] for name in systems}
-    for r in range(rounds):
-        order = list(systems) if r % 2 == 0 else list(reversed(systems))
-        outs = {}
-        for name in order:
-            ms, outs[name] = _ar_loop(systems[name], prompt, tokens)
-            times[name].append(ms)
-        if same_tokens and len({tuple(o) for o in outs.values()}) != 1:
-            sys.exit(f"round {r}: the systems' tokens differ")
-    first = statistics.median(next(iter(times.values())))
-    for name, v in times.items():
-        med = statistics.median(v)
-        print(f"{name}: median {med:.2f} ms a token (min {min(v):.2f}, {len(v)} rounds of {tokens}),"
-              f" {med / first:.3f}x the first")
-
-
-def calls(bundle: str, merged: Path, rounds: int, tokens: int) -> None:
-    """AR through shallow + deep (two session calls a token) against the same layers as one graph (one call)."""
+def calls(bundle: str, merged: Path, rounds: int, tokens: int, reverse: bool) -> dict[str, float]:
+    """AR through shallow + deep (two session calls a token) against the same layers as one graph (one call);
+    `reverse` creates the one graph's session first."""
     _use_one_thread()
     from specexport.runtime.backends.ort import OrtPiece
+    from specexport.runtime.bundle import load_bundle
     from specexport.runtime.session import load
 
-    session = load(bundle)
-    shallow_spec, deep_spec = session.bundle.pieces["shallow"], session.bundle.pieces["deep"]
+    b = load_bundle(bundle)
+    shallow_spec, deep_spec = b.pieces["shallow"], b.pieces["deep"]
     exit_layer = shallow_spec.layers[1]
 
     def shifted(t):
@@ -146,24 +143,44 @@ def calls(bundle: str, merged: Path, rounds: int, tokens: int) -> None:
     outputs = [*(t for t in shallow_spec.outputs if t.name != "hidden"), *(shifted(t) for t in deep_spec.outputs)]
     spec = dataclasses.replace(deep_spec, file="full.onnx", inputs=tuple(inputs), outputs=tuple(outputs),
                                kv=dataclasses.replace(deep_spec.kv, count=shallow_spec.kv.count + deep_spec.kv.count))
-    full = OrtPiece("full", merged / "full.onnx", spec, session.bundle.max_context, ["CPUExecutionProvider"], 1)
+    opened = {}
+    for what in (("full", "pieces") if reverse else ("pieces", "full")):
+        if what == "full":
+            opened[what] = OrtPiece("full", merged / "full.onnx", spec, b.max_context, ["CPUExecutionProvider"], 1)
+        else:
+            opened[what] = load(bundle)
+    session, full = opened["pieces"], opened["full"]
     systems = {
         "shallow + deep (two calls)": _two_calls(session),
         "one graph (one call)": lambda ids, pos: full.run(ids, pos)["logits"],
     }
-    _interleaved(systems, session.prompt_ids(PROMPT, session.options()), rounds, tokens, same_tokens=True)
+    return _lockstep(systems, session.prompt_ids(PROMPT, session.options()), rounds, tokens, same_tokens=True)
 
 
-def padding(bundles: list[str], rounds: int, tokens: int) -> None:
-    """AR through each bundle's raw pieces, interleaved; the tokens may differ (an unpadded bundle is not
-    the padded one's arithmetic)."""
+def padding(bundles: list[str], rounds: int, tokens: int, reverse: bool) -> dict[str, float]:
+    """AR through each bundle's raw pieces in lockstep; the tokens may differ (an unpadded bundle is not the
+    padded one's arithmetic). `reverse` opens the bundles in the other order."""
     _use_one_thread()
     from specexport.runtime.session import load
 
-    sessions = {b: load(b) for b in bundles}
-    first = next(iter(sessions.values()))
-    _interleaved({b: _two_calls(s) for b, s in sessions.items()}, first.prompt_ids(PROMPT, first.options()), rounds,
-                 tokens, same_tokens=False)
+    sessions = {b: load(b) for b in (bundles[::-1] if reverse else bundles)}
+    first = sessions[bundles[0]]
+    return _lockstep({b: _two_calls(sessions[b]) for b in bundles}, first.prompt_ids(PROMPT, first.options()),
+                     rounds, tokens, same_tokens=False)
+
+
+def both_orders(args, medians: dict[str, float]) -> None:
+    """The same measurement again in a fresh process with the sessions created in the other order (the
+    session created first ran up to 7% slower here, whatever it held), and each system's time over the first
+    system's as the geometric mean of the two orders."""
+    cmd = [sys.executable, __file__, args.what, *args.paths, "--rounds", str(args.rounds), "--tokens",
+           str(args.tokens), "--reverse", "--json"]
+    other = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+    names = list(medians)
+    for name in names:
+        ratios = [m[name] / m[names[0]] for m in (medians, other)]
+        print(f"{name}: median {medians[name]:.3f} / {other[name]:.3f} ms a step (created in order / in the other"
+              f" order), {math.sqrt(ratios[0] * ratios[1]):.3f}x the first ({ratios[0]:.3f}, {ratios[1]:.3f})")
 
 
 def prefill(path: str, rounds: int) -> None:
@@ -292,13 +309,20 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--trials", type=int, default=200)
+    ap.add_argument("--reverse", action="store_true", help="create the sessions in the other order")
+    ap.add_argument("--json", action="store_true", help="print the medians as JSON, in one order only")
     args = ap.parse_args()
     if args.what == "merge":
         merge(Path(args.paths[0]), Path(args.paths[1]))
-    elif args.what == "calls":
-        calls(args.paths[0], Path(args.paths[1]), args.rounds, args.tokens)
-    elif args.what == "padding":
-        padding(args.paths, args.rounds, args.tokens)
+    elif args.what in ("calls", "padding"):
+        if args.what == "calls":
+            medians = calls(args.paths[0], Path(args.paths[1]), args.rounds, args.tokens, args.reverse)
+        else:
+            medians = padding(args.paths, args.rounds, args.tokens, args.reverse)
+        if args.json:
+            print(json.dumps(medians))
+        else:
+            both_orders(args, medians)
     elif args.what == "prefill":
         prefill(args.paths[0], args.rounds)
     elif args.what == "agreement":
