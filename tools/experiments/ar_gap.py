@@ -125,31 +125,24 @@ def calls(bundle: str, merged: Path, rounds: int, tokens: int, reverse: bool) ->
     """AR through shallow + deep (two session calls a token) against the same layers as one graph (one call);
     `reverse` creates the one graph's session first."""
     _use_one_thread()
+    import onnx
+    from specexport.exporter.bundle import io_spec
     from specexport.runtime.backends.ort import OrtPiece
     from specexport.runtime.bundle import load_bundle
     from specexport.runtime.session import load
 
     b = load_bundle(bundle)
-    shallow_spec, deep_spec = b.pieces["shallow"], b.pieces["deep"]
-    exit_layer = shallow_spec.layers[1]
+    graph = onnx.load(str(merged / "full.onnx"), load_external_data=False).graph
+    inputs = io_spec(graph.input)  # the joined graph's own inputs and outputs, as the exporter records a piece's
+    kv = dataclasses.replace(b.pieces["deep"].kv, count=sum(t.name.startswith("past_key.") for t in inputs))
+    spec = dataclasses.replace(b.pieces["deep"], file="full.onnx", inputs=inputs, outputs=io_spec(graph.output), kv=kv)
 
-    def shifted(t):
-        name = _shifted(t.name, exit_layer)
-        return t if name is None else dataclasses.replace(t, name=name)
+    def open_full() -> OrtPiece:
+        return OrtPiece("full", merged / "full.onnx", spec, b.max_context, ["CPUExecutionProvider"], 1)
 
-    names = {t.name for t in shallow_spec.inputs}
-    inputs = [*shallow_spec.inputs, *(shifted(t) for t in deep_spec.inputs
-                                      if t.name != "hidden_in" and shifted(t).name not in names)]
-    outputs = [*(t for t in shallow_spec.outputs if t.name != "hidden"), *(shifted(t) for t in deep_spec.outputs)]
-    spec = dataclasses.replace(deep_spec, file="full.onnx", inputs=tuple(inputs), outputs=tuple(outputs),
-                               kv=dataclasses.replace(deep_spec.kv, count=shallow_spec.kv.count + deep_spec.kv.count))
-    opened = {}
-    for what in (("full", "pieces") if reverse else ("pieces", "full")):
-        if what == "full":
-            opened[what] = OrtPiece("full", merged / "full.onnx", spec, b.max_context, ["CPUExecutionProvider"], 1)
-        else:
-            opened[what] = load(bundle)
-    session, full = opened["pieces"], opened["full"]
+    full = open_full() if reverse else None
+    session = load(bundle)
+    full = full or open_full()
     systems = {
         "shallow + deep (two calls)": _two_calls(session),
         "one graph (one call)": lambda ids, pos: full.run(ids, pos)["logits"],
@@ -260,8 +253,9 @@ def m1(trials: int) -> None:
                               [helper.make_tensor_value_info("p", TensorProto.FLOAT, ["M", "T"]),
                                helper.make_tensor_value_info("v", TensorProto.FLOAT, ["T", 64])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", 64])])
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
+    from specexport.runtime.backends.ort import session_options
+
+    opts = session_options(1)
     sess = ort.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
                                 .SerializeToString(), opts, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
