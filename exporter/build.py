@@ -24,7 +24,7 @@ from ..runtime.manifest import (
     read_record,
     sha256_file,
 )
-from . import llama_graph, model_source, multirow, parity, quantize
+from . import kv_cache, llama_graph, model_source, multirow, parity, quantize
 from .bundle import BundleWriter
 from .chat import chat_format
 from .hf_weights import extract
@@ -208,7 +208,10 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
     _check_precision(precision, flavour, None, None)  # the recipe's precision and flavour, too
     # the recipe's [export.quantize] may override the measured defaults (quantize.QuantSpec's fields)
     qspec = quantize.spec_for(precision, **exp.get("quantize", {}))
-    padding = multirow.padding_for(precision, flavour, exp.get("one_row_padding"))
+    kv_int8 = qspec is not None and qspec.kv_cache == "int8"
+    if qspec is not None:
+        kv_cache.check_choice(qspec.kv_cache, flavour)
+    padding = multirow.padding_for(precision, flavour, exp.get("one_row_padding"), kv_int8)
     context = int(exp.get("context", 2048))
     opset = OPSET if trt_target is None else trt_target["tensorrt"]["opset"]
     stages = tqdm(total=7, desc="build", unit="stage", file=sys.stderr, disable=None)
@@ -224,13 +227,16 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
     def stage(name: str) -> None:
         stages.set_postfix_str(name)
 
-    def quantized(graph, output_path: bool = True) -> tuple:
+    def quantized(graph, output_path: bool = True, kv_scales: list | None = None) -> tuple:
         """The piece with its weight MatMuls quantized (int8/int4), and the manifest's record of it. Pieces on
         the output path (shallow, deep) also run every call on at least two rows, in either flavour, so
-        verifying k tokens at once gives bit for bit what k single steps give (exporter/multirow.py)."""
+        verifying k tokens at once gives bit for bit what k single steps give (exporter/multirow.py), unless
+        their int8 caches make one-row attention round as rows of many (exporter/kv_cache.py)."""
         info: dict = {}
         if qspec is not None:
             graph, info["quantization"] = quantize.quantize_model(graph, qspec)
+        if kv_scales is not None:
+            kv_cache.quantize_kv_cache(graph, kv_scales)
         if output_path and padding == "piece" and multirow.pad_one_row_calls(graph):
             info["min_rows"], info["one_row_padding"] = 2, "piece"
         elif output_path:
@@ -271,11 +277,20 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
             raise SpecExportError(f"exit layer {ell} is outside 1..{dims.layers - 1} for this"
                                   f" {dims.layers}-layer model")
         dtype = PRECISIONS[precision]
+        kv_scales = None  # each layer's (k_scale, v_scale) when shallow's and deep's caches are int8
+        if kv_int8:
+            stage("calibrating the KV cache")
+            from .recipe import recipes_dir
+            from .training.distill_data import read_prompts
+
+            prompts = read_prompts(recipes_dir() / "data" / "train_prompts.jsonl")
+            kv_scales = kv_cache.calibrate(torch_model, kv_cache.calibration_sequences(tokenizer, prompts, context),
+                                           weights.layers, dims, weights.rope.cos.shape[1])
 
         stage("exporting shallow")
         shallow = llama_graph.build_shallow(dims, weights.rope, weights.embed, weights.layers[:ell], flavour, dtype,
                                             weights.arch)
-        shallow, qinfo = quantized(shallow)
+        shallow, qinfo = quantized(shallow, kv_scales=kv_scales[:ell] if kv_scales else None)
         writer.add_piece("shallow", for_target(shallow), flavour, layers=[0, ell], **qinfo,
                          **weights.attention_fields(range(ell)))
         del shallow
@@ -283,7 +298,7 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
         stage("exporting deep")
         deep = llama_graph.build_deep(dims, weights.rope, weights.layers[ell:], weights.final_norm,
                                       weights.lm_head, flavour, dtype, weights.arch)
-        deep, qinfo = quantized(deep)
+        deep, qinfo = quantized(deep, kv_scales=kv_scales[ell:] if kv_scales else None)
         writer.add_piece("deep", for_target(deep), flavour, layers=[ell, dims.layers], **qinfo,
                          **weights.attention_fields(range(ell, dims.layers)))
         del deep

@@ -204,7 +204,7 @@ def pad_one_row_attention(model: onnx.ModelProto) -> bool:
 PADDINGS = ("piece", "attention", "none")
 
 
-def padding_for(precision: str, flavour: str, asked: str | None = None) -> str:
+def padding_for(precision: str, flavour: str, asked: str | None = None, kv_int8: bool = False) -> str:
     """Which one-row calls a build pads: `piece` (every op of shallow and deep, pad_one_row_calls) or
     `attention` (GroupQueryAttention alone, pad_one_row_attention). The `ort` flavour takes `attention`:
     whether its weight MatMuls round a one-row call as a row of many depends on the machine that runs it
@@ -212,7 +212,8 @@ def padding_for(precision: str, flavour: str, asked: str | None = None) -> str:
     that at load and pads one-row calls itself where they do not (runtime/row_padding.py), and plain
     decoding keeps one-row weight MatMuls wherever they are exact. The standard flavour (TensorRT engines,
     whose kernels cannot be probed before a GPU runs them) takes `piece`. A recipe's [export]
-    one_row_padding overrides the choice; `none` leaves all of it to the runtime's check."""
+    one_row_padding overrides the choice; `none` leaves all of it to the runtime's check. Pieces whose caches
+    are int8 (exporter/kv_cache.py) take `none`: their attention rounds a one-row call as a row of many."""
     if asked is not None:
         if asked not in PADDINGS:
             raise SpecExportError(f"recipe [export] one_row_padding is {asked!r}; use one of {', '.join(PADDINGS)}")
@@ -221,4 +222,6 @@ def padding_for(precision: str, flavour: str, asked: str | None = None) -> str:
                                   " whose one-row calls the runtime checks at load; drop it or build with"
                                   " --flavour ort")
         return asked
-    return "attention" if flavour == "ort" else "piece"
+    if flavour != "ort":
+        return "piece"
+    return "none" if kv_int8 else "attention"

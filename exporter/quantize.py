@@ -52,6 +52,7 @@ class QuantSpec:
     # size far more than a decoder layer's does (fewer per-block scale steps across a vocabulary of outputs)
     lm_head_bits: int | None = None  # None: as the decoder layers
     lm_head_block_size: int | None = None
+    kv_cache: str = "float"  # "int8": shallow's and deep's caches in int8 per channel (exporter/kv_cache.py)
 
     def as_dict(self) -> dict:
         return {"op": "com.microsoft.MatMulNBits", **asdict(self)}

@@ -36,7 +36,7 @@ def _shard_path(out_dir: Path, index: int) -> Path:
     return out_dir / f"shard_{index:05d}.npz"
 
 
-def _chat_text(tokenizer: Any, prompt: str) -> str:
+def chat_text(tokenizer: Any, prompt: str) -> str:
     if not getattr(tokenizer, "chat_template", None):
         # a base model (Gemma 3 270M): the prompt as the bundle formats it, its tokenizer's BOS before the text
         from ..chat import chat_format
@@ -173,7 +173,7 @@ def generate_responses(
     start = time.perf_counter()
     for shard in todo:
         chunk = prompts[shard * shard_size : (shard + 1) * shard_size]
-        texts = [_chat_text(tokenizer, p["prompt"]) for p in chunk]
+        texts = [chat_text(tokenizer, p["prompt"]) for p in chunk]
         # Batching prompts of similar length cuts padding; a stable sort keeps the order reproducible.
         lengths = [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
         order = sorted(range(len(chunk)), key=lambda i: lengths[i])

@@ -55,15 +55,15 @@ def _default_target():
 
 def tokenize(args) -> None:
     from specexport.exporter.recipe import recipes_dir
-    from specexport.exporter.training.distill_data import _chat_text, _eos_ids, read_prompts
+    from specexport.exporter.training.distill_data import _eos_ids, chat_text, read_prompts
 
     model, tokenizer = _default_target()
     prompts = read_prompts(recipes_dir() / "data" / "train_prompts.jsonl")[args.start:args.stop]
-    ids = [tokenizer(_chat_text(tokenizer, p["prompt"]), add_special_tokens=False)["input_ids"] for p in prompts]
+    ids = [tokenizer(chat_text(tokenizer, p["prompt"]), add_special_tokens=False)["input_ids"] for p in prompts]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     marker = "\u2063QUERY\u2063"
-    before, after = _chat_text(tokenizer, marker).split(marker)
+    before, after = chat_text(tokenizer, marker).split(marker)
     ids_of = lambda text: np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], np.int32)  # noqa: E731
     np.savez(out / "template.npz", before=ids_of(before), after=ids_of(after),
              eos=np.array(sorted(_eos_ids(model, tokenizer)), np.int32))
@@ -88,7 +88,7 @@ COPY_REQUESTS = (
 
 def copying(args) -> None:
     """Requests about a document made of one to three of the target's own training-only responses."""
-    from specexport.exporter.training.distill_data import _chat_text, _eos_ids, load_records
+    from specexport.exporter.training.distill_data import _eos_ids, chat_text, load_records
 
     model, tokenizer = _default_target()
     docs = [tokenizer.decode(tokens[plen:].tolist(), skip_special_tokens=True).strip()
@@ -99,7 +99,7 @@ def copying(args) -> None:
     while len(ids) < args.count:
         doc = "\n\n".join(docs[i] for i in rng.choice(len(docs), size=int(rng.integers(1, 4)), replace=False))
         request = COPY_REQUESTS[int(rng.integers(len(COPY_REQUESTS)))].format(doc=doc)
-        prompt = tokenizer(_chat_text(tokenizer, request), add_special_tokens=False)["input_ids"]
+        prompt = tokenizer(chat_text(tokenizer, request), add_special_tokens=False)["input_ids"]
         if len(prompt) <= args.max_prompt_tokens:
             ids.append(prompt)
             names.append(f"copy-s{args.seed}-{len(names):05d}")

@@ -1,0 +1,156 @@
+"""Ways a one-token GroupQueryAttention call might round as a row of a verification call without a copied row.
+
+    # float cache, int8 cache (PER_CHANNEL, kv_cache_bit_width 8), and a one-token call padded with
+    # `query_seqlens` (ONNX Runtime 1.32's right-padded chunks): how often a one-row call equals the same
+    # row of a call of 2, 3, 5 and 8 rows, bit for bit; then microseconds a call by rows (one thread)
+    taskset -c 0 .venv/bin/python tools/experiments/kv_rows.py
+
+SmolLM2-135M's attention shape (9 heads over 3 KV heads of 64), random inputs, one GQA node as
+exporter/llama_graph.py writes it (rotary inside, an attention bias). BENCHMARKS.md, 2026-11-26 (evening),
+has what it printed and what it means for a bundle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+HEADS, KV_HEADS, HEAD = 9, 3, 64
+
+
+def gqa(cache: str, query_seqlens: bool = False) -> ort.InferenceSession:
+    f = TensorProto.FLOAT
+    cache_type = TensorProto.INT8 if cache == "int8" else f
+    io = [("query", f, [1, None, HEADS * HEAD]), ("key", f, [1, None, KV_HEADS * HEAD]),
+          ("value", f, [1, None, KV_HEADS * HEAD]), ("past_key", cache_type, [1, KV_HEADS, None, HEAD]),
+          ("past_value", cache_type, [1, KV_HEADS, None, HEAD]), ("seqlens_k", TensorProto.INT32, [1]),
+          ("total_sequence_length", TensorProto.INT32, []), ("cos", f, [None, HEAD // 2]),
+          ("sin", f, [None, HEAD // 2]), ("position_ids", TensorProto.INT64, [1, None]),
+          ("attention_bias", f, [1, 1, None, None])]
+    names = [name for name, _, _ in io]
+    attrs = {}
+    if cache == "int8":
+        io += [("k_scale", f, [KV_HEADS * HEAD]), ("v_scale", f, [KV_HEADS * HEAD])]
+        names += ["", "k_scale", "v_scale"]
+        attrs = {"k_quant_type": "PER_CHANNEL", "v_quant_type": "PER_CHANNEL", "kv_cache_bit_width": 8}
+    if query_seqlens:
+        io.append(("query_seqlens", TensorProto.INT32, [1]))
+        names += [""] * (16 - len(names)) + ["query_seqlens"]
+    node = helper.make_node("GroupQueryAttention", names, ["out", "present_key", "present_value"],
+                            domain="com.microsoft", num_heads=HEADS, kv_num_heads=KV_HEADS, do_rotary=1,
+                            scale=HEAD ** -0.5, **attrs)
+    outputs = [helper.make_tensor_value_info("out", f, None),
+               *(helper.make_tensor_value_info(n, cache_type, None) for n in node.output[1:])]
+    graph = helper.make_graph([node], "gqa", [helper.make_tensor_value_info(*spec) for spec in io], outputs)
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+class Calls:
+    """Calls of any rows at any start over `context` random positions, each into a fresh cache buffer that
+    holds the positions before it (as a bundle's shared buffer does)."""
+
+    def __init__(self, cache: str, context: int, query_seqlens: bool = False, seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        self.q = rng.standard_normal((1, context, HEADS * HEAD), dtype=np.float32) * 2
+        self.k = rng.standard_normal((1, context, KV_HEADS * HEAD), dtype=np.float32) * 2
+        self.v = rng.standard_normal((1, context, KV_HEADS * HEAD), dtype=np.float32)
+        angles = np.outer(np.arange(context + 8), 1e-4 ** (np.arange(HEAD // 2) / (HEAD // 2)))
+        self.cos, self.sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+        self.session, self.padded = gqa(cache, query_seqlens), query_seqlens
+        self.dtype = np.int8 if cache == "int8" else np.float32
+        self.scales = {}
+        if cache == "int8":  # each channel's largest magnitude over 127 (keys: their RoPE pair's radius)
+            k = self.k.reshape(context, KV_HEADS, HEAD)
+            radius = np.sqrt(k[..., :HEAD // 2] ** 2 + k[..., HEAD // 2:] ** 2).max(axis=0)
+            self.scales = {"k_scale": (np.concatenate([radius, radius], axis=-1) / 127).reshape(-1),
+                           "v_scale": (np.abs(self.v).max(axis=1) / 127).reshape(-1)}
+        self.slots = context + 8
+        whole = self.buffer(0)
+        self.cache = self.call(0, context, whole, whole.copy())[1:]
+
+    def buffer(self, filled: int, which: int = 0) -> np.ndarray:
+        out = np.zeros((1, KV_HEADS, self.slots, HEAD), self.dtype)
+        if filled:
+            out[:, :, :filled] = self.cache[which][:, :, :filled]
+        return out
+
+    def call(self, start: int, rows: int, past_k=None, past_v=None, valid: int | None = None) -> list[np.ndarray]:
+        return self.session.run(None, self.feeds(start, rows, past_k, past_v, valid))
+
+    def feeds(self, start: int, rows: int, past_k=None, past_v=None, valid: int | None = None) -> dict:
+        valid = rows if valid is None else valid
+        past_k = self.buffer(start, 0) if past_k is None else past_k
+        past_v = self.buffer(start, 1) if past_v is None else past_v
+        index = [start + min(r, valid - 1) for r in range(rows)]  # rows past `valid` repeat the last
+        feeds = {"query": self.q[:, index], "key": self.k[:, index], "value": self.v[:, index], "past_key": past_k,
+                 "past_value": past_v, "seqlens_k": np.array([start + valid - 1], np.int32),
+                 "total_sequence_length": np.array(start + rows, np.int32), "cos": self.cos, "sin": self.sin,
+                 "position_ids": np.arange(start, start + rows)[None],
+                 "attention_bias": np.zeros((1, 1, rows, start + rows), np.float32), **self.scales}
+        if self.padded:
+            feeds["query_seqlens"] = np.array([valid], np.int32)
+        return feeds
+
+
+def agreement(calls: Calls, context: int, one_rows: int = 1) -> tuple[int, int]:
+    """(equal, compared): a one-token call (`one_rows` 2: padded with query_seqlens) against the same row of
+    calls of 2, 3, 5 and 8 rows, at starts across the context."""
+    equal = compared = 0
+    for start in range(16, context - 8, 9):
+        one = calls.call(start, one_rows, valid=1)[0][0, 0]
+        for rows in (2, 3, 5, 8):
+            equal += int(np.array_equal(calls.call(start, rows)[0][0, 0], one))
+            compared += 1
+    return equal, compared
+
+
+def microseconds(calls: Calls, start: int, rows: int, repeats: int) -> float:
+    """A call's median time with its cache bound in place (past and present one buffer), as a bundle binds it."""
+    binding = calls.session.io_binding()
+    for name, value in calls.feeds(start, rows).items():
+        if not name.startswith("past_"):
+            binding.bind_cpu_input(name, value)
+    for which, name in enumerate(("key", "value")):
+        cache = ort.OrtValue.ortvalue_from_numpy(calls.buffer(start, which))
+        binding.bind_ortvalue_input(f"past_{name}", cache)
+        binding.bind_ortvalue_output(f"present_{name}", cache)
+    binding.bind_output("out")
+    for _ in range(5):
+        calls.session.run_with_iobinding(binding)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        calls.session.run_with_iobinding(binding)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times)) * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--context", type=int, default=200)
+    ap.add_argument("--repeats", type=int, default=200)
+    args = ap.parse_args()
+    float_calls, int8_calls = Calls("float", args.context), Calls("int8", args.context)
+    padded = Calls("float", args.context, query_seqlens=True)
+    for label, calls, one_rows in (("float cache", float_calls, 1), ("int8 cache", int8_calls, 1),
+                                   ("float cache, one token padded by query_seqlens", padded, 2)):
+        equal, compared = agreement(calls, args.context, one_rows)
+        print(f"{label}: a one-token call equals the row of a many-row call {equal}/{compared}")
+    print(f"microseconds a call at position {args.context - 16}, cache bound in place, median of {args.repeats}"
+          " (one thread):")
+    for rows in (1, 2, 4, 8, 16):
+        start = args.context - 16
+        print(f"  {rows:2d} rows: float cache {microseconds(float_calls, start, rows, args.repeats):6.0f},"
+              f" int8 cache {microseconds(int8_calls, start, rows, args.repeats):6.0f}")
+
+
+if __name__ == "__main__":
+    main()
