@@ -209,8 +209,7 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
     # the recipe's [export.quantize] may override the measured defaults (quantize.QuantSpec's fields)
     qspec = quantize.spec_for(precision, **exp.get("quantize", {}))
     kv_int8 = qspec is not None and qspec.kv_cache == "int8"
-    if qspec is not None:
-        kv_cache.check_choice(qspec.kv_cache, flavour)
+    kv_cache.check_choice(exp.get("quantize", {}).get("kv_cache", "float"), flavour, precision)
     padding = multirow.padding_for(precision, flavour, exp.get("one_row_padding"), kv_int8)
     context = int(exp.get("context", 2048))
     opset = OPSET if trt_target is None else trt_target["tensorrt"]["opset"]

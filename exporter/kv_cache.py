@@ -119,9 +119,13 @@ def quantize_kv_cache(model: onnx.ModelProto, scales: list[tuple[np.ndarray, np.
             value.type.tensor_type.elem_type = TensorProto.INT8
 
 
-def check_choice(kv_cache: str, flavour: str) -> None:
+def check_choice(kv_cache: str, flavour: str, precision: str) -> None:
+    """Refuses, in one sentence, a recipe's kv_cache that the build cannot honour."""
     if kv_cache not in KV_CACHES:
         raise SpecExportError(f"recipe [export.quantize] kv_cache = {kv_cache!r}; use one of {', '.join(KV_CACHES)}")
+    if kv_cache != "float" and precision not in ("int8", "int4"):
+        raise SpecExportError(f"recipe [export.quantize] kv_cache = {kv_cache!r} comes with int8 or int4 weights;"
+                              f" this build is {precision}: add --precision int4 (or int8), or drop it")
     if kv_cache != "float" and flavour != "ort":
         raise SpecExportError(f"recipe [export.quantize] kv_cache = {kv_cache!r} needs the 'ort' graph flavour"
                               " (ONNX Runtime's GroupQueryAttention); drop it or build with --flavour ort")

@@ -161,10 +161,12 @@ def test_key_scales_cover_the_keys_at_every_rope_angle(seed, rotary_half, tokens
 
 def test_kv_cache_choices_are_checked_in_one_sentence():
     with pytest.raises(SpecExportError, match="kv_cache = 'int16'; use one of float, int8"):
-        kv_cache.check_choice("int16", "ort")
+        kv_cache.check_choice("int16", "ort", "int4")
+    with pytest.raises(SpecExportError, match="comes with int8 or int4 weights; this build is fp32"):
+        kv_cache.check_choice("int8", "ort", "fp32")
     with pytest.raises(SpecExportError, match="needs the 'ort' graph flavour"):
-        kv_cache.check_choice("int8", "standard")
-    kv_cache.check_choice("float", "standard")
+        kv_cache.check_choice("int8", "standard", "int8")
+    kv_cache.check_choice("float", "standard", "fp16")
     assert multirow.padding_for("int4", "ort", None, kv_int8=True) == "none"
     assert multirow.padding_for("int4", "ort", None, kv_int8=False) == "attention"
     assert quantize.spec_for("int4").kv_cache == quantize.spec_for("int8").kv_cache == "float"

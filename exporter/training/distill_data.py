@@ -37,6 +37,7 @@ def _shard_path(out_dir: Path, index: int) -> Path:
 
 
 def chat_text(tokenizer: Any, prompt: str) -> str:
+    """One user turn as the target reads it, up to where its answer starts."""
     if not getattr(tokenizer, "chat_template", None):
         # a base model (Gemma 3 270M): the prompt as the bundle formats it, its tokenizer's BOS before the text
         from ..chat import chat_format
