@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper
 from specexport.exporter import kv_cache, multirow, quantize
 from specexport.exporter.build import build_bundle
+from specexport.exporter.llama_graph import Dims
 from specexport.runtime.errors import SpecExportError
 from specexport.runtime.session import load
 
@@ -74,9 +75,7 @@ class Attention:
             "position_ids": np.arange(start, end)[None], "attention_bias": np.zeros((1, 1, rows, end), np.float32)})
 
 
-def _dims():
-    from specexport.exporter.llama_graph import Dims
-
+def _dims() -> Dims:
     return Dims(hidden=HEADS * HEAD, layers=1, heads=HEADS, kv_heads=KV_HEADS, head_dim=HEAD, intermediate=8,
                 vocab=8, rms_eps=1e-5, max_context=CONTEXT)
 
@@ -141,8 +140,6 @@ def test_key_scales_cover_the_keys_at_every_rope_angle(seed, rotary_half, tokens
     # the cache holds keys after RoPE, which turns channel i into a mix of i and i + half: calibrated before
     # rotation, a channel's bound must hold whatever angle a later position gives it
     head = 2 * rotary_half + 8  # eight channels past the rotary part pass through unrotated
-    from specexport.exporter.llama_graph import Dims
-
     dims = Dims(hidden=head, layers=1, heads=1, kv_heads=1, head_dim=head, intermediate=8, vocab=8, rms_eps=1e-5,
                 max_context=64)
     rng = np.random.default_rng(seed)
