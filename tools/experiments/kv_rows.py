@@ -1,8 +1,9 @@
 """Ways a one-token GroupQueryAttention call might round as a row of a verification call without a copied row.
 
-    # float cache, int8 cache (PER_CHANNEL, kv_cache_bit_width 8), and a one-token call padded with
-    # `query_seqlens` (ONNX Runtime 1.32's right-padded chunks): how often a one-row call equals the same
-    # row of a call of 2, 3, 5 and 8 rows, bit for bit; then microseconds a call by rows (one thread)
+    # float cache, int8 cache (PER_CHANNEL, kv_cache_bit_width 8), a one-token call padded with
+    # `query_seqlens` (ONNX Runtime 1.32's right-padded chunks), and the node in float16: how often a
+    # one-row call equals the same row of a call of 2, 3, 5 and 8 rows, bit for bit; then microseconds a
+    # call by rows (one thread)
     taskset -c 0 .venv/bin/python tools/experiments/kv_rows.py
 
 SmolLM2-135M's attention shape (9 heads over 3 KV heads of 64), random inputs, one GQA node as
@@ -23,7 +24,8 @@ HEADS, KV_HEADS, HEAD = 9, 3, 64
 
 
 def gqa(cache: str, query_seqlens: bool = False) -> ort.InferenceSession:
-    f = TensorProto.FLOAT
+    """`cache`: float, int8 (fp32 activations), or float16 (the whole node in fp16, as an fp16 graph has it)."""
+    f = TensorProto.FLOAT16 if cache == "float16" else TensorProto.FLOAT
     cache_type = TensorProto.INT8 if cache == "int8" else f
     io = [("query", f, [1, None, HEADS * HEAD]), ("key", f, [1, None, KV_HEADS * HEAD]),
           ("value", f, [1, None, KV_HEADS * HEAD]), ("past_key", cache_type, [1, KV_HEADS, None, HEAD]),
@@ -59,13 +61,14 @@ class Calls:
 
     def __init__(self, cache: str, context: int, query_seqlens: bool = False, seed: int = 0) -> None:
         rng = np.random.default_rng(seed)
-        self.q = rng.standard_normal((1, context, HEADS * HEAD), dtype=np.float32) * 2
-        self.k = rng.standard_normal((1, context, KV_HEADS * HEAD), dtype=np.float32) * 2
-        self.v = rng.standard_normal((1, context, KV_HEADS * HEAD), dtype=np.float32)
+        self.float = np.float16 if cache == "float16" else np.float32
+        self.q = (rng.standard_normal((1, context, HEADS * HEAD)) * 2).astype(self.float)
+        self.k = (rng.standard_normal((1, context, KV_HEADS * HEAD)) * 2).astype(self.float)
+        self.v = rng.standard_normal((1, context, KV_HEADS * HEAD)).astype(self.float)
         angles = np.outer(np.arange(context + 8), 1e-4 ** (np.arange(HEAD // 2) / (HEAD // 2)))
-        self.cos, self.sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+        self.cos, self.sin = np.cos(angles).astype(self.float), np.sin(angles).astype(self.float)
         self.session, self.padded = gqa(cache, query_seqlens), query_seqlens
-        self.dtype = np.int8 if cache == "int8" else np.float32
+        self.dtype = np.int8 if cache == "int8" else self.float
         self.scales = {}
         if cache == "int8":  # each channel's largest magnitude over 127 (keys: their RoPE pair's radius)
             k = self.k.reshape(context, KV_HEADS, HEAD)
@@ -94,7 +97,7 @@ class Calls:
                  "past_value": past_v, "seqlens_k": np.array([start + valid - 1], np.int32),
                  "total_sequence_length": np.array(start + rows, np.int32), "cos": self.cos, "sin": self.sin,
                  "position_ids": np.arange(start, start + rows)[None],
-                 "attention_bias": np.zeros((1, 1, rows, start + rows), np.float32), **self.scales}
+                 "attention_bias": np.zeros((1, 1, rows, start + rows), self.float), **self.scales}
         if self.padded:
             feeds["query_seqlens"] = np.array([valid], np.int32)
         return feeds
@@ -141,7 +144,8 @@ def main() -> None:
     float_calls, int8_calls = Calls("float", args.context), Calls("int8", args.context)
     padded = Calls("float", args.context, query_seqlens=True)
     for label, calls, one_rows in (("float cache", float_calls, 1), ("int8 cache", int8_calls, 1),
-                                   ("float cache, one token padded by query_seqlens", padded, 2)):
+                                   ("float cache, one token padded by query_seqlens", padded, 2),
+                                   ("float16 node and cache", Calls("float16", args.context), 1)):
         equal, compared = agreement(calls, args.context, one_rows)
         print(f"{label}: a one-token call equals the row of a many-row call {equal}/{compared}")
     print(f"microseconds a call at position {args.context - 16}, cache bound in place, median of {args.repeats}"
