@@ -208,8 +208,9 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
     _check_precision(precision, flavour, None, None)  # the recipe's precision and flavour, too
     # the recipe's [export.quantize] may override the measured defaults (quantize.QuantSpec's fields)
     qspec = quantize.spec_for(precision, **exp.get("quantize", {}))
-    kv_int8 = qspec is not None and qspec.kv_cache == "int8"
-    kv_cache.check_choice(exp.get("quantize", {}).get("kv_cache", "float"), flavour, precision)
+    kv_choice = exp.get("quantize", {}).get("kv_cache", "float")
+    kv_cache.check_choice(kv_choice, flavour, precision)  # int8 only with int8/int4 weights, so qspec is set
+    kv_int8 = kv_choice == "int8"
     padding = multirow.padding_for(precision, flavour, exp.get("one_row_padding"), kv_int8)
     context = int(exp.get("context", 2048))
     opset = OPSET if trt_target is None else trt_target["tensorrt"]["opset"]
@@ -279,10 +280,9 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
         kv_scales = None  # each layer's (k_scale, v_scale) when shallow's and deep's caches are int8
         if kv_int8:
             stage("calibrating the KV cache")
-            from .recipe import recipes_dir
-            from .training.distill_data import read_prompts
+            from .training.adapter_source import training_prompts
 
-            prompts = read_prompts(recipes_dir() / "data" / "train_prompts.jsonl")
+            prompts = training_prompts(cfg.get("adapter", {}).get("train", {}))
             kv_scales = kv_cache.calibrate(torch_model, kv_cache.calibration_sequences(tokenizer, prompts, context),
                                            weights.layers, dims, weights.rope.cos.shape[1])
 

@@ -12,10 +12,11 @@ it is a recipe's choice (`[export.quantize] kv_cache = "int8"`), not a default: 
 modes lose (BENCHMARKS.md, 2026-11-26 evening).
 
 The scales are static: one per channel of K and of V in each layer, calibrated here on the recipe's training
-prompts (never Spec-Bench) through the source model. K is cached after RoPE, which rotates channel i with
-channel i + rotary_dim / 2 by the position's angle, so both channels of a pair get the scale of the pair's
-largest radius, which no position can exceed; V's channels take their largest magnitude. Values past a scale
-saturate (measured: codes clamp to -128..127), and a margin above the calibrated maxima keeps that rare.
+prompts (its [adapter.train] set, never Spec-Bench) through the source model. K is cached after RoPE, which
+rotates channel i with channel i + rotary_dim / 2 by the position's angle, so both channels of a pair get the
+scale of the pair's largest radius, which no position can exceed; V's channels take their largest magnitude.
+Values past a scale saturate (measured: codes clamp to -128..127), and a margin above the calibrated maxima
+keeps that rare.
 """
 
 from __future__ import annotations

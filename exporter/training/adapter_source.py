@@ -19,14 +19,16 @@ def distilled_sequences(checkpoint: Path, target_sha: str, settings: dict) -> li
     cached by (target, prompt count, response length); the adapter and the drafter learn from the same."""
     from .distill_data import generate_responses, load_sequences
 
-    prompts = _prompts(settings)
+    prompts = training_prompts(settings)
     data_dir = _data_dir(target_sha, len(prompts), settings)
     generate_responses(checkpoint, prompts, data_dir, max_new_tokens=int(settings.get("max_new_tokens", 192)),
                        batch_size=int(settings.get("batch_size", 16)), device=settings.get("device", "auto"))
     return load_sequences(data_dir)
 
 
-def _prompts(settings: dict) -> list[dict]:
+def training_prompts(settings: dict) -> list[dict]:
+    """The prompts a recipe's [adapter.train] `settings` train on (never Spec-Bench): its `prompts` file or the
+    shipped set, up to `prompt_limit`."""
     from .distill_data import read_prompts
 
     prompts_file = Path(settings.get("prompts") or recipes_dir() / "data" / "train_prompts.jsonl")
@@ -39,7 +41,7 @@ def _data_dir(target_sha: str, n_prompts: int, settings: dict) -> Path:
 
 def distilled_data_dir(target_sha: str, settings: dict) -> Path:
     """Where distilled_sequences keeps the responses for these settings."""
-    return _data_dir(target_sha, len(_prompts(settings)), settings)
+    return _data_dir(target_sha, len(training_prompts(settings)), settings)
 
 
 def train_for_target(model, checkpoint: Path, target_sha: str, exit_layer: int, settings: dict, out_dir: Path,
