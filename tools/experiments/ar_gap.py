@@ -11,6 +11,11 @@ sessions created in the other order, and give each system's time over the first'
     # the cost of the one-row attention padding: AR through each bundle's own pieces, as they are (a bundle
     # built with `[export] one_row_padding = "none"` is not lossless on x86-64; the session would pad it)
     taskset -c 0 .venv/bin/python tools/experiments/ar_gap.py padding bundles/smollm2-int4 /tmp/int4-nopad
+    # the padding's two parts apart: from such an unpadded bundle, OUT/copy (padded as the exporter pads) and
+    # OUT/nodes (the same nodes with the copy switched off, so each attention runs its call's own rows)
+    .venv/bin/python tools/experiments/ar_gap.py copy-parts /tmp/int4-nopad /tmp/int4-parts
+    taskset -c 0 .venv/bin/python tools/experiments/ar_gap.py padding /tmp/int4-parts/copy /tmp/int4-parts/nodes \
+        /tmp/int4-nopad
     # prefill alone (the prompt and its first token), ms, random prompts of 60, 200 and 770 tokens: a bundle, or
     # (in the .venv-genai interpreter) GenAI's model directory
     taskset -c 0 .venv/bin/python tools/experiments/ar_gap.py prefill bundles/smollm2-int4
@@ -22,8 +27,8 @@ sessions created in the other order, and give each system's time over the first'
     # one-token call) against a row of a two-row call, and both against two summation orders done in numpy
     .venv/bin/python tools/experiments/ar_gap.py m1
 
-`merge` and `m1` need the exporter's `onnx`; `prefill` of a GenAI model only onnxruntime_genai and numpy; the rest
-numpy, onnxruntime and the runtime. BENCHMARKS.md (2026-11-26) has the figures.
+`merge`, `copy-parts` and `m1` need the exporter's `onnx`; `prefill` of a GenAI model only onnxruntime_genai and
+numpy; the rest numpy, onnxruntime and the runtime. BENCHMARKS.md (2026-11-26) has the figures.
 """
 
 from __future__ import annotations
@@ -84,6 +89,38 @@ def merge(bundle: Path, out: Path) -> None:
     model = helper.make_model(graph, opset_imports=shallow.opset_import, ir_version=shallow.ir_version)
     onnx.save(model, out / "full.onnx", save_as_external_data=True, location="full.onnx.data")
     print(f"wrote {out / 'full.onnx'}: {len(graph.node)} nodes, {len(inputs)} inputs, {len(outputs)} outputs")
+
+
+def copy_parts(unpadded: Path, out: Path) -> None:
+    """OUT/copy: the unpadded bundle's shallow and deep with each attention's copied row, as the exporter writes
+    them (exporter/multirow.py); OUT/nodes: the same graphs with the copy switched off (the test for a one-row
+    call made never true), so every node but the attention's second row is there."""
+    import shutil
+
+    import onnx
+    from onnx import numpy_helper
+    from specexport.exporter.multirow import pad_one_row_attention
+    from specexport.runtime.manifest import sha256_file
+
+    for name, copy in (("copy", True), ("nodes", False)):
+        target = out / name
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(unpadded, target)
+        manifest = json.loads((target / "manifest.json").read_text())
+        for piece in ("shallow", "deep"):
+            path = target / f"{piece}.onnx"
+            model = onnx.load(str(path), load_external_data=False)  # the weights stay in the copied .data file
+            if not pad_one_row_attention(model):
+                sys.exit(f"{path} has no GroupQueryAttention to pad")
+            if not copy:
+                for init in model.graph.initializer:
+                    if init.name == "mr_one64":  # the call's rows are compared with 1 to find a one-row call
+                        init.CopyFrom(numpy_helper.from_array(np.array([0], np.int64), init.name))
+            onnx.save(model, str(path))
+            manifest["pieces"][piece]["one_row_padding"] = "attention"
+            manifest["files"][path.name] = sha256_file(path)
+        (target / "manifest.json").write_text(json.dumps(manifest, indent=1))
+        print(f"wrote {target}")
 
 
 def _use_one_thread() -> None:
@@ -298,7 +335,7 @@ def _fma_order(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["merge", "calls", "padding", "prefill", "agreement", "m1"])
+    ap.add_argument("what", choices=["merge", "copy-parts", "calls", "padding", "prefill", "agreement", "m1"])
     ap.add_argument("paths", nargs="*")
     ap.add_argument("--rounds", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=96)
@@ -308,6 +345,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.what == "merge":
         merge(Path(args.paths[0]), Path(args.paths[1]))
+    elif args.what == "copy-parts":
+        copy_parts(Path(args.paths[0]), Path(args.paths[1]))
     elif args.what in ("calls", "padding"):
         if args.what == "calls":
             medians = calls(args.paths[0], Path(args.paths[1]), args.rounds, args.tokens, args.reverse)

@@ -10,6 +10,9 @@
     # ms per decode token by op type, from ONNX Runtime's own profiler (one intra-op thread): a bundle's
     # shallow + deep pieces, or (a directory with genai_config.json) GenAI's model.onnx in plain ORT
     python tools/experiments/ar_profile.py kernels bundles/smollm2-int4 .cache/ortgenai/<model dir>
+    # the same through the bundles' pieces as built, without the row padding a session adds where its load-time
+    # check fails (for variants that are not lossless, e.g. ar_gap.py copy-parts)
+    python tools/experiments/ar_profile.py kernels /tmp/int4-parts/copy /tmp/int4-parts/nodes --raw
     # one decoder layer's four int4 MatMulNBits (SmolLM2-135M shapes): one row against two, symmetric
     # against asymmetric, gate/up packed against two; and whether a one-row call equals a row of a
     # five-row call bit for bit, per block size
@@ -239,7 +242,7 @@ def ops(path: str) -> None:
         print(f"  {v} x {k}")
 
 
-def kernels(paths: list[str], tokens: int) -> None:
+def kernels(paths: list[str], tokens: int, raw: bool = False) -> None:
     import onnxruntime as ort
 
     for path in paths:
@@ -247,7 +250,7 @@ def kernels(paths: list[str], tokens: int) -> None:
         if (Path(path) / "genai_config.json").exists():
             files = [_profile_genai_graph(ort, path, tokens, prefix)]
         else:
-            files = _profile_bundle(path, tokens, prefix)
+            files = _profile_bundle(path, tokens, prefix, raw)
         table: collections.Counter = collections.Counter()
         for f in files:
             table.update(_ms_per_run_by_op(f, tokens - 1))
@@ -269,7 +272,7 @@ def _ms_per_run_by_op(profile_file: str, steps: int) -> dict[str, float]:
     return {k: v / steps / 1e3 for k, v in by_op.items()}
 
 
-def _profile_bundle(bundle: str, tokens: int, prefix: str) -> list[str]:
+def _profile_bundle(bundle: str, tokens: int, prefix: str, raw: bool = False) -> list[str]:
     from specexport.runtime.backends import ort as ort_backend
     from specexport.runtime.session import load
 
@@ -286,8 +289,19 @@ def _profile_bundle(bundle: str, tokens: int, prefix: str) -> list[str]:
         session = load(bundle)
     finally:
         ort_backend.session_options = plain
-    session.generate(PROMPT, max_new_tokens=tokens, mode="ar")
-    return [getattr(session.pieces, name).session.end_profiling() for name in ("shallow", "deep")]
+    if raw:  # greedy AR through the pieces themselves
+        from specexport.runtime.decode import Pieces, target_step
+
+        pieces = Pieces(*(getattr(p, "piece", p) for p in (session.pieces.shallow, session.pieces.deep)))
+        prompt = session.prompt_ids(PROMPT, session.options())
+        logits = target_step(pieces, prompt, 0)[1]
+        for k in range(tokens - 1):
+            logits = target_step(pieces, [int(logits[0, -1].argmax())], len(prompt) + k)[1]
+        pieces_run = [pieces.shallow.session, pieces.deep.session]
+    else:
+        session.generate(PROMPT, max_new_tokens=tokens, mode="ar")
+        pieces_run = [getattr(session.pieces, name).session for name in ("shallow", "deep")]
+    return [s.end_profiling() for s in pieces_run]
 
 
 def _profile_genai_graph(ort, model_dir: str, tokens: int, prefix: str) -> str:
@@ -379,13 +393,15 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--raw", action="store_true",
+                    help="kernels: the pieces as built, without the session's row padding")
     args = ap.parse_args()
     if args.what == "ours":
         ours(args.paths, args.tokens, args.rounds, args.threads)
     elif args.what == "genai":
         genai(args.paths, args.tokens, args.rounds, args.threads)
     elif args.what == "kernels":
-        kernels(args.paths, args.tokens)
+        kernels(args.paths, args.tokens, args.raw)
     elif args.what == "matmulnbits":
         matmulnbits(args.rounds)
     else:
