@@ -83,6 +83,8 @@ class HFSystem(System):
                       pad_token_id=min(self.eos_ids), temperature=None, top_k=None, top_p=None)
         if self.lookup:
             kwargs["prompt_lookup_num_tokens"] = self.lookup
+        if self.ignore_eos:  # EOS held off until max_new_tokens: every run that long
+            kwargs["min_new_tokens"] = max_new_tokens
         t0 = time.perf_counter()
         with torch.inference_mode():
             out = self.model.generate(ids, **kwargs)

@@ -36,7 +36,8 @@ KEYS = {
                 " batch_size, warmup, repeats (rounds per question; a record is the run of median time), threads"
                 " (intra-op threads given to every system), thread_pool ('shared': one"
                 " process-wide ONNX Runtime pool; 'per-session': a pool per piece, as PEARL needs), schedules,"
-                " policies and trees (--schedule, --policy, --tree; null when not given), reference, systems (the"
+                " policies and trees (--schedule, --policy, --tree; null when not given), ignore_eos (every run"
+                " max_new_tokens long, EOS or not), reference, systems (the"
                 " run order of the first question; it rotates by one per question)",
     "systems": "system name -> {label, kind (specexport|baseline), mode, precision, setup_s, note}",
     "skipped": "system name -> why it did not run (missing package or piece, failed set-up)",

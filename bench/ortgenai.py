@@ -174,7 +174,8 @@ class OrtGenAISystem(System):
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int) -> RunResult:
         with self.lock:
-            self._send({"ids": list(prompt_ids), "max_new_tokens": max_new_tokens, "eos": sorted(self.eos_ids)})
+            self._send({"ids": list(prompt_ids), "max_new_tokens": max_new_tokens, "eos": sorted(self.eos_ids),
+                        "ignore_eos": self.ignore_eos})
             answer = self._read()
         if "error" in answer:
             raise RuntimeError(f"ONNX Runtime GenAI failed: {answer['error']}")

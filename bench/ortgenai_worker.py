@@ -8,7 +8,7 @@ ours). It imports only the standard library and onnxruntime_genai, never specexp
         SETTINGS, JSON: {"max_batch": N} sizes the Engine's static batches, {"spinning": false} keeps the
         decoder's idle intra-op threads from spinning
         prints {"ready": ...} (or {"error": ...}), then answers one JSON request per stdin line,
-        {"ids": [...], "max_new_tokens": N, "eos": [...]}, with
+        {"ids": [...], "max_new_tokens": N, "eos": [...], "ignore_eos": false}, with
         {"tokens": [...], "seconds": S, "finish_reason": "eos"|"length"} (or {"error": ...});
         and a batch, {"batch": [{"ids": [...], "max_new_tokens": N}, ...], "eos": [...]}, run together through
         GenAI's Engine, with one line per request as it finishes, {"index": K, "tokens": [...], "seconds": S,
@@ -40,10 +40,12 @@ def versions() -> dict:
     return out
 
 
-def generate(og, model, ids: list[int], max_new_tokens: int, eos: set[int]) -> dict:
+def generate(og, model, ids: list[int], max_new_tokens: int, eos: set[int], ignore_eos: bool = False) -> dict:
+    """Greedy from `ids`; with `ignore_eos`, EOS is held off (GenAI's min_length) so the run is max_new_tokens."""
     t0 = time.perf_counter()
     params = og.GeneratorParams(model)
-    params.set_search_options(do_sample=False, max_length=len(ids) + max_new_tokens, min_length=0)
+    params.set_search_options(do_sample=False, max_length=len(ids) + max_new_tokens,
+                              min_length=len(ids) + max_new_tokens if ignore_eos else 0)
     gen = og.Generator(model, params)
     gen.append_tokens(list(ids))
     tokens: list[int] = []
@@ -51,7 +53,7 @@ def generate(og, model, ids: list[int], max_new_tokens: int, eos: set[int]) -> d
     while not gen.is_done() and len(tokens) < max_new_tokens:
         gen.generate_next_token()
         token = int(gen.get_next_tokens()[0])
-        if token in eos:
+        if token in eos and not ignore_eos:
             reason = "eos"
             break
         tokens.append(token)
@@ -141,7 +143,8 @@ def serve(model_dir: str, threads: int, settings: dict | None = None) -> int:
                     engine = None  # whatever the failed batch left in it must not meet the next one
                     raise
             else:
-                send(generate(og, model, req["ids"], int(req["max_new_tokens"]), set(req["eos"])))
+                send(generate(og, model, req["ids"], int(req["max_new_tokens"]), set(req["eos"]),
+                              bool(req.get("ignore_eos"))))
         except Exception as exc:
             send({"error": f"{type(exc).__name__}: {exc}"})
     return 0

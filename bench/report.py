@@ -18,6 +18,12 @@ def _flag(value, lossless: bool = True) -> str:
     return "–" if value is None else ("yes" if value else "**no**" if lossless else "no")
 
 
+def _length(settings: dict) -> str:
+    if settings.get("ignore_eos"):
+        return f"exactly {settings['max_new_tokens']} new tokens (EOS ignored)"
+    return f"up to {settings['max_new_tokens']} new tokens"
+
+
 def _systems(report: dict) -> list[str]:
     return [s for s in report["settings"]["systems"] if s in report["results"]]
 
@@ -35,7 +41,7 @@ def render_markdown(report: dict) -> str:
         f"{report['created']} · {m['cpu_model']}, {m['cores']} cores, threads per system: {st['threads']} ·"
         f" {n_q} Spec-Bench questions ({'first ' + str(st['limit']) + ' per category' if st['limit'] else 'all'}),"
         f" first turn, chat template, prompts cut to their last {st['max_prompt_tokens']} tokens · greedy,"
-        f" batch 1, up to {st['max_new_tokens']} new tokens · tokens/s include the prefill; speedup is over"
+        f" batch 1, {_length(st)} · tokens/s include the prefill; speedup is over"
         f" {ref_label} on the same question, systems interleaved per question · load average"
         f" {m.get('loadavg_start')} → {m.get('loadavg_end')}",
         "",

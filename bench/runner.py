@@ -5,7 +5,9 @@ Method (Spec-Bench's, on one machine):
 - the first turn of each question goes through the bundle's chat template; the question text is cut to
   its last ``max_prompt_tokens`` (1,500) tokens first, so the longest summarization and RAG prompts fit;
 - the prompt is tokenized once by the bundle and every system gets the same token ids;
-- greedy, batch 1, at most ``max_new_tokens`` new tokens, stopping at EOS (EOS is not counted);
+- greedy, batch 1, at most ``max_new_tokens`` new tokens, stopping at EOS (EOS is not counted); with
+  ``ignore_eos`` every system generates exactly ``max_new_tokens`` (ours past EOS, the peers with EOS held
+  off), so systems whose outputs differ (another quantization) are timed over runs of equal length;
 - every system gets the same number of intra-op threads;
 - per question every system runs once (or `repeats` times, round after round, keeping each system's run
   of median time), the order rotated by one system from question to question, so drift of the machine
@@ -70,6 +72,7 @@ class BenchConfig:
     genai_python: str | None = None  # None: bench_ortgenai.find_python()
     command: str = ""
     expect_digest: str | None = None  # refuse any bundle but this one (its manifest's SHA-256)
+    ignore_eos: bool = False  # every system generates max_new_tokens (runs of equal length)
 
 
 def thread_pool() -> str:
@@ -169,6 +172,7 @@ def make_systems(session: Session, cfg: BenchConfig, threads: int,
             systems.append(genai(name.split("-", 1)[1]))
     unique: dict[str, System] = {}
     for s in systems:
+        s.ignore_eos = cfg.ignore_eos
         unique.setdefault(s.name, s)
     return list(unique.values()), skipped
 
@@ -359,7 +363,7 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None, log: Callable[
             "limit": cfg.limit, "max_new_tokens": cfg.max_new_tokens, "max_prompt_tokens": cfg.max_prompt_tokens,
             "greedy": True, "batch_size": 1, "warmup": cfg.warmup, "repeats": cfg.repeats, "threads": threads,
             "thread_pool": thread_pool(), "schedules": cfg.schedules, "policies": cfg.policies,
-            "trees": cfg.trees,
+            "trees": cfg.trees, "ignore_eos": cfg.ignore_eos,
             "reference": REFERENCE, "systems": order,
         },
         "systems": {s.name: {**s.describe(), "setup_s": setup_s.get(s.name)} for s in systems},

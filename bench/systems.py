@@ -50,6 +50,7 @@ class System:
     mode = "ar"
     precision = "fp32"
     note = ""
+    ignore_eos = False  # generate max_new_tokens past any EOS (bench --ignore-eos: runs of equal length)
 
     def setup(self) -> None:
         """Load what the system needs; raise Skip with a reason if it cannot run."""
@@ -88,7 +89,7 @@ class SpecExportSystem(System):
         t0 = time.perf_counter()
         g = self.session.generate_ids(prompt_ids, max_new_tokens=max_new_tokens, mode=self.mode,
                                       temperature=0.0, top_k=0, top_p=1.0, schedule=self.schedule,
-                                      policy=self.policy, tree=self.tree)
+                                      policy=self.policy, tree=self.tree, ignore_eos=self.ignore_eos)
         seconds = time.perf_counter() - t0
         s = g.stats
         # drafted/accepted are 0 for AR; make_record turns "nothing drafted" into a null acceptance rate

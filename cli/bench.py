@@ -57,10 +57,12 @@ def register(main: click.Group) -> None:
                   " figure for a question is its run of median time (a shared machine's busy moments drop out).")
     @click.option("--no-warmup", is_flag=True, help="Skip each system's untimed warm-up run.")
     @click.option("--no-memory", is_flag=True, help="Skip the peak-memory probe of `specexport generate`.")
+    @click.option("--ignore-eos", is_flag=True, help="Every system generates exactly --max-new-tokens, past EOS"
+                  " (peers: EOS held off), so systems whose answers differ are timed over runs of equal length.")
     @click.option("--json", "as_json", is_flag=True, help="Print report.json on stdout.")
     @EXPECT_DIGEST
     def bench(bundle, questions, categories, limit, max_new_tokens, max_prompt_tokens, modes, schedules, policies,
-              trees, baselines, out, threads, genai_python, repeats, no_warmup, no_memory, as_json,
+              trees, baselines, out, threads, genai_python, repeats, no_warmup, no_memory, ignore_eos, as_json,
               expect_digest) -> None:
         """Spec-Bench through the bundle's modes and its peers, interleaved per question; writes
         report.json, report.md and report.png. Baselines whose package is missing are skipped with the
@@ -84,7 +86,7 @@ def register(main: click.Group) -> None:
                           schedules=_csv(schedules), policies=_csv(policies), trees=_csv(trees),
                           baselines=_csv(baselines) or [], warmup=not no_warmup, repeats=repeats, memory=not no_memory,
                           threads=threads, genai_python=genai_python, command=" ".join(["specexport", *sys.argv[1:]]),
-                          expect_digest=expect_digest)
+                          expect_digest=expect_digest, ignore_eos=ignore_eos)
         bar = tqdm(total=0, unit="run", file=sys.stderr, dynamic_ncols=True, disable=None)
 
         def log(message: str) -> None:

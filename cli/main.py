@@ -254,6 +254,8 @@ def generate_mode(mode: str | None, drafter: str | None, hierarchy: str | None) 
               " one call. KEEP and EXPAND (probabilities, default 0) leave out drafter tokens whose branch the"
               " drafter gives less than KEEP, and extend no branch below EXPAND, such as 4:3:2:10:0.08:0.3."
               " Implies --mode model.")
+@click.option("--ignore-eos", is_flag=True, help="Generate --max-new-tokens whatever comes, past the end of the"
+              " answer (timing runs of a fixed length).")
 @click.option("--stats", is_flag=True, help="Print tokens/s, mean accepted tokens and timings to stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print text and stats as one JSON object on stdout.")
 @click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]), default="onnxruntime",
@@ -263,8 +265,8 @@ def generate_mode(mode: str | None, drafter: str | None, hierarchy: str | None) 
               help="ONNX Runtime execution provider, in order (default: CPUExecutionProvider).")
 @EXPECT_DIGEST
 def generate(prompt, bundle, max_new_tokens, mode, temperature, top_k, top_p, seed, stop, system, raw, gamma,
-             eta, policy, schedule, drafter, hierarchy, verify, beta, tau, tree, stats, as_json, backend, threads,
-             providers, expect_digest) -> None:
+             eta, policy, schedule, drafter, hierarchy, verify, beta, tau, tree, ignore_eos, stats, as_json, backend,
+             threads, providers, expect_digest) -> None:
     """Generate from PROMPT ('-' reads stdin); text streams to stdout, stats and errors to stderr."""
     from ..runtime.options import make_options
     from ..runtime.session import load
@@ -272,7 +274,8 @@ def generate(prompt, bundle, max_new_tokens, mode, temperature, top_k, top_p, se
     mode = "model" if tree and not (mode or drafter or hierarchy) else generate_mode(mode, drafter, hierarchy)
     opts = dict(max_new_tokens=max_new_tokens, mode=mode, temperature=temperature, top_k=top_k, top_p=top_p,
                 seed=seed, stop=list(stop), system=system, chat=not raw, gamma=gamma, eta=eta,
-                policy=policy, schedule=schedule, verify=verify, beta=beta, tau=tau, tree=tree)
+                policy=policy, schedule=schedule, verify=verify, beta=beta, tau=tau, tree=tree,
+                ignore_eos=ignore_eos)
     make_options({}, opts)  # a bad option is refused before the bundle loads (the bundle's limits: below)
     if prompt == "-":
         prompt = sys.stdin.read()

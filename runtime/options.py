@@ -37,6 +37,8 @@ class Options:
     beta: int | None = None  # specdec: a draft must be in the target's top beta ...
     tau: float | None = None  # ... and within tau nats of the top token's log-probability
     tree: str | None = None  # token-tree speculation with the drafter: a TreeShape spec (runtime/tree.py)
+    # generate max_new_tokens whatever comes, EOS included (vLLM's ignore_eos): timing runs of equal length
+    ignore_eos: bool = False
 
 
 NAMES = tuple(f.name for f in fields(Options))
@@ -76,6 +78,8 @@ def check_options(opts: Options, limits: Limits | None = None) -> Options:
         raise OptionError("stop must be a list of non-empty strings")
     if not isinstance(opts.chat, bool):
         raise OptionError(f"chat must be true or false, not {opts.chat!r}")
+    if not isinstance(opts.ignore_eos, bool):
+        raise OptionError(f"ignore_eos must be true or false, not {opts.ignore_eos!r}")
     if opts.system is not None and not isinstance(opts.system, str):
         raise OptionError(f"system must be a string, not {opts.system!r}")
     if opts.gamma is not None:

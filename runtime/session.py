@@ -172,7 +172,7 @@ class Session:
             for tokens in loop:
                 tokens = tokens[: budget - stats.new_tokens]
                 for i, token in enumerate(tokens):
-                    if token in self.codec.eos_ids:
+                    if token in self.codec.eos_ids and not opts.ignore_eos:
                         tokens, reason = tokens[:i], "eos"
                         break
                 stats.new_tokens += len(tokens)

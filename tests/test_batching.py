@@ -222,3 +222,20 @@ def test_a_failed_step_ends_its_requests_and_the_loop_goes_on(session, expected)
             assert request.finish_reason == "error"
         after = scheduler.submit(ids[2], mode="lookup", max_new_tokens=10)
         assert after.result() == reference[2][:10]
+
+
+def test_ignore_eos_in_a_batch(session, expected):
+    """A batched request with ignore_eos runs to its length past a token taken as EOS, as Session does."""
+    ids, reference = expected
+    eos = reference[0][3]
+    real = session.codec.eos_ids
+    with BatchScheduler(session, max_batch=2, cost=COST) as scheduler:
+        scheduler.codec.eos_ids = {eos}  # the module's session shares this codec: put back below
+        try:
+            stop = reference[0].index(eos)
+            cut = scheduler.submit(ids[0], mode="ar", max_new_tokens=LENGTHS[0])
+            full = scheduler.submit(ids[0], mode="ar", max_new_tokens=LENGTHS[0], ignore_eos=True)
+            assert cut.result() == reference[0][:stop] and cut.finish_reason == "eos"
+            assert full.result() == reference[0][:LENGTHS[0]] and full.finish_reason == "length"
+        finally:
+            scheduler.codec.eos_ids = real

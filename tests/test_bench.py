@@ -389,12 +389,12 @@ class GeneratorParams:
         pass
 
     def set_search_options(self, **options):
-        self.max_length = options["max_length"]
+        self.max_length, self.min_length = options["max_length"], options["min_length"]
 
 
 class Generator:
     def __init__(self, model, params):
-        self.max_length, self.ids = params.max_length, []
+        self.max_length, self.min_length, self.ids = params.max_length, params.min_length, []
 
     def append_tokens(self, ids):
         self.ids = list(ids)
@@ -404,7 +404,10 @@ class Generator:
 
     def generate_next_token(self):
         print("more noise")
-        self.ids.append(self.ids[-1] + 1)
+        token = self.ids[-1] + 1
+        if token == 99 and len(self.ids) + 1 < self.min_length:  # EOS held off before min_length, as GenAI does
+            token += 1
+        self.ids.append(token)
 
     def get_next_tokens(self):
         return [self.ids[-1]]
@@ -426,6 +429,9 @@ def test_genai_worker_protocol_with_a_fake_library(tmp_path, monkeypatch):
         out = system.generate([95], 10)
         assert out.tokens == [96, 97, 98] and out.finish_reason == "eos" and out.steps == 4
         assert out.seconds > 0
+        system.ignore_eos = True  # bench --ignore-eos: the run is max_new_tokens long, EOS held off
+        out = system.generate([95], 10)
+        assert out.tokens == [96, 97, 98, *range(100, 107)] and out.finish_reason == "length" and out.steps == 10
     finally:
         system.close()
     assert system.proc is None
@@ -686,6 +692,50 @@ def test_a_lossless_mode_that_differs_from_ar_fails_the_run(tiny_bundles, tmp_pa
     wanted = "specexport-lookup differs from specexport-ar's output on 2 of 2 questions"
     assert len(errors) == 1 and wanted in errors[0], result.stderr
     assert "specexport-self" not in errors[0] and "Traceback" not in result.output
+
+
+def test_ignore_eos_runs_every_system_to_max_new_tokens(tiny_bundles, tmp_path, monkeypatch):
+    """`--ignore-eos` on a tiny bundle whose every token id is taken as EOS: without it each run would end at
+    its first token; with it every system's every run is --max-new-tokens long, and the report says so."""
+    from specexport.runtime import text
+
+    real_init = text.TextCodec.__init__
+
+    def every_token_ends(self, root, spec):
+        real_init(self, root, spec)
+        self.eos_ids = set(range(self.tokenizer.get_vocab_size()))
+
+    monkeypatch.setattr(text.TextCodec, "__init__", every_token_ends)
+    out = tmp_path / "report"
+    result = CliRunner().invoke(cli(), [
+        "bench", "--bundle", str(tiny_bundles("ort", 2, adapter="untrained")), "--questions",
+        str(write_questions(tmp_path / "q.jsonl")), "--categories", "qa", "--max-new-tokens", "9", "--modes",
+        "self,lookup", "--baselines", "none", "--threads", "1", "--no-warmup", "--no-memory", "--ignore-eos",
+        "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "report.json").read_text())
+    assert data["settings"]["ignore_eos"] is True
+    assert {r["system"] for r in data["records"]} == {REFERENCE, "specexport-self", "specexport-lookup"}
+    assert all(r["new_tokens"] == 9 and r["finish_reason"] == "length" for r in data["records"])
+    assert data["results"]["specexport-self"]["overall"]["identical_to_ar"] is True
+    assert "exactly 9 new tokens (EOS ignored)" in (out / "report.md").read_text()
+
+
+def test_hf_baseline_ignore_eos(tiny_checkpoint):
+    """HF's generate with its third token taken as EOS stops before it; with ignore_eos (EOS held off by
+    min_new_tokens) it gives max_new_tokens."""
+    pytest.importorskip("transformers")
+    system = hf_baseline.HFSystem(tiny_checkpoint, {-1}, threads=1)
+    system.setup()
+    try:
+        free = system.generate([1, 40, 41, 42], 6).tokens
+        system.eos_ids = {free[2]}
+        assert system.generate([1, 40, 41, 42], 6).tokens == free[:free.index(free[2])]
+        system.ignore_eos = True
+        out = system.generate([1, 40, 41, 42], 6)
+        assert len(out.tokens) == 6 and out.finish_reason == "length" and free[2] not in out.tokens[:6]
+    finally:
+        system.close()
 
 
 def test_genai_baseline_on_the_tiny_checkpoint(genai_python, tiny_checkpoint, tmp_path, monkeypatch):

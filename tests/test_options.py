@@ -34,6 +34,7 @@ BAD = [
     ({"gamma": 400}, "gamma"),
     ({"stop": [""]}, "stop"),
     ({"chat": "yes"}, "chat"),
+    ({"ignore_eos": 1}, "ignore_eos"),
     ({"temprature": 0.5}, "temprature"),
 ]
 
@@ -48,7 +49,7 @@ def test_a_bad_option_is_one_sentence_naming_it(overrides, name):
 
 @pytest.mark.parametrize("overrides", [
     {"top_p": 1.0}, {"eta": 0.0}, {"eta": 1.0}, {"max_new_tokens": 0}, {"temperature": 0}, {"tree": "4:3:2:10"},
-    {"policy": "goodput:4"}, {"gamma": 254}, {"seed": 2**40},
+    {"policy": "goodput:4"}, {"gamma": 254}, {"seed": 2**40}, {"ignore_eos": True},
 ])
 def test_the_edges_of_each_range_are_accepted(overrides):
     opts = make_options({}, overrides, Limits(max_context=256, verify_rows=255))

@@ -46,3 +46,18 @@ def test_seeded_sampling_runs_and_reproduces(tiny_bundles):
     b = session.generate("hash table", max_new_tokens=30, mode="self", temperature=0.8, seed=3)
     assert a.tokens == b.tokens and len(a.tokens) > 0
     assert np.isfinite(b.stats.acceptance_rate)
+
+
+def test_ignore_eos_runs_past_eos_to_the_full_length(tiny_bundles):
+    """With an early token of AR's output taken as EOS, a request stops there; with ignore_eos it goes on to
+    max_new_tokens with the same tokens, EOS included, and a speculative mode gives that output too."""
+    session = load(tiny_bundles("ort", 2, adapter="untrained"))
+    full = session.generate("the quick brown fox", max_new_tokens=30, mode="ar")
+    assert len(full.tokens) == 30
+    session.codec.eos_ids = {full.tokens[4]}  # the real EOS never comes up in the tiny model's 30 tokens
+    stop = full.tokens.index(full.tokens[4])
+    cut = session.generate("the quick brown fox", max_new_tokens=30, mode="ar")
+    assert cut.tokens == full.tokens[:stop] and cut.finish_reason == "eos"
+    for mode in ("ar", "self", "lookup"):
+        out = session.generate("the quick brown fox", max_new_tokens=30, mode=mode, ignore_eos=True)
+        assert out.tokens == full.tokens and out.finish_reason == "length", mode

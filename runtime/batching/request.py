@@ -72,7 +72,7 @@ class BatchRequest:
         Session does); True once the request is done."""
         tokens = tokens[: self.budget - len(self.tokens)]
         for i, token in enumerate(tokens):
-            if token in self.eos_ids:
+            if token in self.eos_ids and not self.opts.ignore_eos:
                 tokens, self.finish_reason = tokens[:i], "eos"
                 break
         self.tokens.extend(tokens)
