@@ -19,7 +19,8 @@ from .model import ModelInfo
 log = logging.getLogger("specexport.serve")
 
 # specexport's options a client may set in the extension object (the rest map from OpenAI's fields)
-EXTENSION_OPTIONS = ("mode", "tree", "policy", "schedule", "verify", "gamma", "eta", "beta", "tau", "top_k")
+EXTENSION_OPTIONS = ("mode", "tree", "policy", "schedule", "verify", "gamma", "eta", "beta", "tau", "top_k",
+                     "ignore_eos")
 EXTENSION_FLAGS = ("return_token_ids",)  # the server's own: also return the generated token ids
 
 # OpenAI fields with no effect here at their "off" values; any other value is refused (None is always off)

@@ -255,6 +255,8 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", {**CHAT, "specexport": {"speed": 2}}, 400, "specexport.speed", "invalid_value",
      ["unknown option specexport.speed"]),
     ("/v1/chat/completions", {**CHAT, "specexport": "auto"}, 400, "specexport", "invalid_value", []),
+    ("/v1/chat/completions", {**CHAT, "specexport": {"ignore_eos": "yes"}}, 400, "specexport.ignore_eos",
+     "invalid_value", ["ignore_eos must be true or false"]),
     ("/v1/chat/completions", {**CHAT, "temperature": -1}, 400, "temperature", "invalid_value", ["temperature"]),
     ("/v1/chat/completions", {**CHAT, "top_p": 0}, 400, "top_p", "invalid_value", ["top_p"]),
     ("/v1/chat/completions", {**CHAT, "seed": "one"}, 400, "seed", "invalid_value", ["seed"]),
