@@ -289,19 +289,18 @@ def _profile_bundle(bundle: str, tokens: int, prefix: str, raw: bool = False) ->
         session = load(bundle)
     finally:
         ort_backend.session_options = plain
-    if raw:  # greedy AR through the pieces themselves
-        from specexport.runtime.decode import Pieces, target_step
+    if raw:  # greedy AR through the pieces themselves (ar_gap.py's step, in this directory)
+        from ar_gap import _two_calls
 
-        pieces = Pieces(*(getattr(p, "piece", p) for p in (session.pieces.shallow, session.pieces.deep)))
+        step = _two_calls(session)
         prompt = session.prompt_ids(PROMPT, session.options())
-        logits = target_step(pieces, prompt, 0)[1]
+        logits = step(np.asarray([prompt]), 0)
         for k in range(tokens - 1):
-            logits = target_step(pieces, [int(logits[0, -1].argmax())], len(prompt) + k)[1]
-        pieces_run = [pieces.shallow.session, pieces.deep.session]
+            logits = step(np.asarray([[int(logits[0, -1].argmax())]]), len(prompt) + k)
     else:
         session.generate(PROMPT, max_new_tokens=tokens, mode="ar")
-        pieces_run = [getattr(session.pieces, name).session for name in ("shallow", "deep")]
-    return [s.end_profiling() for s in pieces_run]
+    # a wrapped piece passes attribute reads through to the piece it wraps (runtime/backends/common.py)
+    return [getattr(session.pieces, name).session.end_profiling() for name in ("shallow", "deep")]
 
 
 def _profile_genai_graph(ort, model_dir: str, tokens: int, prefix: str) -> str:

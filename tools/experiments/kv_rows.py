@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 
 import numpy as np
 import onnxruntime as ort
@@ -111,9 +112,9 @@ class Calls:
         return feeds
 
 
-def onnx_attention_agreement(context: int, seed: int = 0) -> tuple[int, int]:
-    """(equal, compared) as `agreement`, for the ONNX Attention op: 4-D heads, the past as inputs, the causal
-    part of the call as an additive mask."""
+def onnx_attention_first_row(context: int, seed: int = 0) -> Callable[..., np.ndarray]:
+    """`first_row(start, rows)` for `agreement`, through the ONNX Attention op: 4-D heads, the past as inputs,
+    the causal part of the call as an additive mask."""
     f = TensorProto.FLOAT
     io = [("q", f, [1, HEADS, None, HEAD]), ("k", f, [1, KV_HEADS, None, HEAD]), ("v", f, [1, KV_HEADS, None, HEAD]),
           ("mask", f, [None, None]), ("past_k", f, [1, KV_HEADS, None, HEAD]), ("past_v", f, [1, KV_HEADS, None, HEAD])]
@@ -128,29 +129,28 @@ def onnx_attention_agreement(context: int, seed: int = 0) -> tuple[int, int]:
     q = rng.standard_normal((1, HEADS, context, HEAD)).astype(np.float32)
     k, v = (rng.standard_normal((1, KV_HEADS, context, HEAD)).astype(np.float32) for _ in range(2))
 
-    def first_row(start: int, rows: int) -> np.ndarray:
+    def first_row(start: int, rows: int, valid: int | None = None) -> np.ndarray:
         mask = np.triu(np.full((rows, start + rows), -np.inf, np.float32), k=start + 1)
         new = slice(start, start + rows)
         return session.run(["y"], {"q": q[:, :, new], "k": k[:, :, new], "v": v[:, :, new], "mask": mask,
                                    "past_k": k[:, :, :start], "past_v": v[:, :, :start]})[0][0, :, 0]
 
-    equal = compared = 0
-    for start in range(16, context - 8, 9):
-        one = first_row(start, 1)
-        for rows in (2, 3, 5, 8):
-            equal += int(np.array_equal(first_row(start, rows), one))
-            compared += 1
-    return equal, compared
+    return first_row
 
 
-def agreement(calls: Calls, context: int, one_rows: int = 1) -> tuple[int, int]:
+def first_row_of(calls: Calls) -> Callable[..., np.ndarray]:
+    """`first_row(start, rows, valid)` for `agreement`, through a GroupQueryAttention node."""
+    return lambda start, rows, valid=None: calls.call(start, rows, valid=valid)[0][0, 0]
+
+
+def agreement(first_row: Callable[..., np.ndarray], context: int, one_rows: int = 1) -> tuple[int, int]:
     """(equal, compared): a one-token call (`one_rows` 2: padded with query_seqlens) against the same row of
     calls of 2, 3, 5 and 8 rows, at starts across the context."""
     equal = compared = 0
     for start in range(16, context - 8, 9):
-        one = calls.call(start, one_rows, valid=1)[0][0, 0]
+        one = first_row(start, one_rows, valid=1)
         for rows in (2, 3, 5, 8):
-            equal += int(np.array_equal(calls.call(start, rows)[0][0, 0], one))
+            equal += int(np.array_equal(first_row(start, rows), one))
             compared += 1
     return equal, compared
 
@@ -188,9 +188,9 @@ def main() -> None:
                                    ("float16 node and cache", Calls("float16", args.context), 1),
                                    ("float cache, no attention bias (flash path)",
                                     Calls("float", args.context, bias=False), 1)):
-        equal, compared = agreement(calls, args.context, one_rows)
+        equal, compared = agreement(first_row_of(calls), args.context, one_rows)
         print(f"{label}: a one-token call equals the row of a many-row call {equal}/{compared}")
-    equal, compared = onnx_attention_agreement(args.context)
+    equal, compared = agreement(onnx_attention_first_row(args.context), args.context)
     print(f"ONNX Attention (opset 23), float: a one-token call equals the row of a many-row call {equal}/{compared}")
     print(f"microseconds a call at position {args.context - 16}, cache bound in place, median of {args.repeats}"
           " (one thread):")
