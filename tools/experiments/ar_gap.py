@@ -16,6 +16,9 @@ sessions created in the other order, and give each system's time over the first'
     .venv/bin/python tools/experiments/ar_gap.py copy-parts /tmp/int4-nopad /tmp/int4-parts
     taskset -c 0 .venv/bin/python tools/experiments/ar_gap.py padding /tmp/int4-parts/copy /tmp/int4-parts/nodes \
         /tmp/int4-nopad
+    # GroupQueryAttention at scale 1 with the queries scaled in their weights instead (exact: 1/8): one-row calls
+    # of such pieces take MLAS's one-row kernel for Q x K' too; many-row calls round as before
+    .venv/bin/python tools/experiments/ar_gap.py unit-scale /tmp/int4-nopad /tmp/int4-nopad-s1
     # prefill alone (the prompt and its first token), ms, random prompts of 60, 200 and 770 tokens: a bundle, or
     # (in the .venv-genai interpreter) GenAI's model directory
     taskset -c 0 .venv/bin/python tools/experiments/ar_gap.py prefill bundles/smollm2-int4
@@ -121,6 +124,48 @@ def copy_parts(unpadded: Path, out: Path) -> None:
             manifest["files"][path.name] = sha256_file(path)
         (target / "manifest.json").write_text(json.dumps(manifest, indent=1))
         print(f"wrote {target}")
+
+
+def unit_scale(bundle: Path, out: Path) -> None:
+    """OUT: the bundle with every GroupQueryAttention's `scale` 1 and the packed QKV MatMulNBits' query scales
+    times the old scale (1/8 at head size 64, a power of two, so the queries are the old ones times 1/8 to the
+    bit). MLAS takes its one-row kernels only for alpha 1, so a one-row call's Q x K' then reads the keys in
+    place instead of packing them for each head; in a call of two or more rows nothing changes."""
+    import shutil
+
+    import onnx
+    from onnx import helper, numpy_helper
+    from specexport.runtime.manifest import sha256_file
+
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(bundle, out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    for piece in ("shallow", "deep"):
+        path = out / f"{piece}.onnx"
+        model = onnx.load(str(path))
+        producers = {o: n for n in model.graph.node for o in n.output}
+        inits = {i.name: i for i in model.graph.initializer}
+        for node in (n for n in model.graph.node if n.op_type == "GroupQueryAttention"):
+            attrs = {a.name: a for a in node.attribute}
+            qkv = producers[node.input[0]]
+            while qkv.op_type in ("Gather", "Concat", "Slice"):  # the copied row's nodes, in a padded bundle
+                qkv = producers[qkv.input[0]]
+            if qkv.op_type != "MatMulNBits" or "scale" not in attrs or node.input[1]:
+                sys.exit(f"{path}: {node.name} is not fed a packed QKV MatMulNBits with a scale")
+            old = attrs["scale"].f
+            if not np.log2(old).is_integer():
+                sys.exit(f"{path}: {node.name}'s scale {old} is not a power of two, so moving it would round")
+            heads, kv_heads = (helper.get_attribute_value(attrs[k]) for k in ("num_heads", "kv_num_heads"))
+            n_out = next(helper.get_attribute_value(a) for a in qkv.attribute if a.name == "N")
+            scales = numpy_helper.to_array(inits[qkv.input[2]]).copy()
+            scales.reshape(n_out, -1)[:heads * n_out // (heads + 2 * kv_heads)] *= np.float32(old)  # the Q rows
+            inits[qkv.input[2]].CopyFrom(numpy_helper.from_array(scales, qkv.input[2]))
+            attrs["scale"].f = 1.0
+        onnx.save(model, str(path), save_as_external_data=True, location=f"{piece}.onnx.data")
+        for name in (path.name, f"{piece}.onnx.data"):
+            manifest["files"][name] = sha256_file(out / name)
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    print(f"wrote {out}")
 
 
 def _use_one_thread() -> None:
@@ -335,7 +380,8 @@ def _fma_order(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["merge", "copy-parts", "calls", "padding", "prefill", "agreement", "m1"])
+    ap.add_argument("what", choices=["merge", "copy-parts", "unit-scale", "calls", "padding", "prefill", "agreement",
+                                     "m1"])
     ap.add_argument("paths", nargs="*")
     ap.add_argument("--rounds", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=96)
@@ -347,6 +393,8 @@ def main() -> None:
         merge(Path(args.paths[0]), Path(args.paths[1]))
     elif args.what == "copy-parts":
         copy_parts(Path(args.paths[0]), Path(args.paths[1]))
+    elif args.what == "unit-scale":
+        unit_scale(Path(args.paths[0]), Path(args.paths[1]))
     elif args.what in ("calls", "padding"):
         if args.what == "calls":
             medians = calls(args.paths[0], Path(args.paths[1]), args.rounds, args.tokens, args.reverse)
