@@ -71,7 +71,9 @@ def versions() -> dict:
 
 
 def _reference(model, exit_layer: int, adapter=None, vocab_map: np.ndarray | None = None, drafter=None,
-               drafter_vocab: np.ndarray | None = None):
+               drafter_vocab: np.ndarray | None = None, adapter_head=None):
+    """`adapter_head`: the weight the adapter's head holds, where it is not the model's LM head (rounded at
+    a drafting precision of its own)."""
     import torch
 
     def run(seq: list[int]) -> dict:
@@ -81,7 +83,8 @@ def _reference(model, exit_layer: int, adapter=None, vocab_map: np.ndarray | Non
                    "h_exit": out.hidden_states[exit_layer].numpy(), "logits": out.logits.numpy()}
             if adapter is not None:
                 y = adapter.hidden(out.hidden_states[exit_layer])
-                head = model.lm_head.weight if vocab_map is None else model.lm_head.weight[vocab_map]
+                head = model.lm_head.weight if adapter_head is None else adapter_head
+                head = head if vocab_map is None else head[vocab_map]
                 ref["adapter_logits"] = (y @ head.T).numpy()
             if drafter is not None:  # an independent model: it reads the token ids
                 logits = drafter(torch.tensor([seq])).logits
@@ -92,22 +95,29 @@ def _reference(model, exit_layer: int, adapter=None, vocab_map: np.ndarray | Non
 
 
 def _dequantized_reference(model, exit_layer: int, adapter, vocab_map: np.ndarray | None,
-                           spec: quantize.QuantSpec, drafter=None, drafter_vocab: np.ndarray | None = None):
+                           spec: quantize.QuantSpec | None, drafter=None, drafter_vocab: np.ndarray | None = None,
+                           draft_spec: quantize.QuantSpec | None = None):
     """PyTorch running the very weights the quantized graphs hold (rounded, back in fp32): what the
-    quantized pieces must match closely, whatever the rounding did to the model's quality."""
+    quantized pieces must match closely, whatever the rounding did to the model's quality. `spec` rounds the
+    model (None: a float bundle's model, kept), `draft_spec` the drafting pieces."""
     import copy
 
-    dq_model = copy.deepcopy(model)
-    quantize.fake_quantize_torch(dq_model, spec, lm_head=dq_model.lm_head)
-    dq_adapter = None
-    if adapter is not None:
+    dq_model = model
+    if spec is not None:
+        dq_model = copy.deepcopy(model)
+        quantize.fake_quantize_torch(dq_model, spec, lm_head=dq_model.lm_head)
+    dq_adapter = adapter_head = None
+    if adapter is not None and draft_spec is not None:
         dq_adapter = copy.deepcopy(adapter)
-        quantize.fake_quantize_torch(dq_adapter, spec)
+        quantize.fake_quantize_torch(dq_adapter, draft_spec)
+        head = copy.deepcopy(model.lm_head)  # the adapter's graph holds the LM head rounded as it is rounded
+        quantize.fake_quantize_torch(head, draft_spec, lm_head=head)
+        adapter_head = head.weight
     dq_drafter = None
-    if drafter is not None:
+    if drafter is not None and draft_spec is not None:
         dq_drafter = copy.deepcopy(drafter)
-        quantize.fake_quantize_torch(dq_drafter, spec, lm_head=dq_drafter.lm_head)
-    return _reference(dq_model, exit_layer, dq_adapter, vocab_map, dq_drafter, drafter_vocab)
+        quantize.fake_quantize_torch(dq_drafter, draft_spec, lm_head=dq_drafter.lm_head)
+    return _reference(dq_model, exit_layer, dq_adapter, vocab_map, dq_drafter, drafter_vocab, adapter_head)
 
 
 def _check_precision(precision: str | None, flavour: str | None, backend: str | None, target: str | None) -> None:
@@ -208,6 +218,9 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
     _check_precision(precision, flavour, None, None)  # the recipe's precision and flavour, too
     # the recipe's [export.quantize] may override the measured defaults (quantize.QuantSpec's fields)
     qspec = quantize.spec_for(precision, **exp.get("quantize", {}))
+    # the adapter's and drafter's weights may take a precision of their own (measured per bundle precision)
+    draft_precision = quantize.drafting_precision(exp.get("drafting_precision"), precision, flavour)
+    draft_spec = qspec if draft_precision == precision else quantize.spec_for(draft_precision)
     kv_choice = exp.get("quantize", {}).get("kv_cache", "float")
     kv_cache.check_choice(kv_choice, flavour, precision)  # int8 only with int8/int4 weights, so qspec is set
     kv_int8 = kv_choice == "int8"
@@ -227,14 +240,15 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
     def stage(name: str) -> None:
         stages.set_postfix_str(name)
 
-    def quantized(graph, output_path: bool = True, kv_scales: list | None = None) -> tuple:
+    def quantized(graph, output_path: bool = True, kv_scales: list | None = None,
+                  spec: quantize.QuantSpec | None = qspec) -> tuple:
         """The piece with its weight MatMuls quantized (int8/int4), and the manifest's record of it. Pieces on
         the output path (shallow, deep) also run every call on at least two rows, in either flavour, so
         verifying k tokens at once gives bit for bit what k single steps give (exporter/multirow.py), unless
         their int8 caches make one-row attention round as rows of many (exporter/kv_cache.py)."""
         info: dict = {}
-        if qspec is not None:
-            graph, info["quantization"] = quantize.quantize_model(graph, qspec)
+        if spec is not None:
+            graph, info["quantization"] = quantize.quantize_model(graph, spec)
         if kv_scales is not None:
             kv_cache.quantize_kv_cache(graph, kv_scales)
         if output_path and padding == "piece" and multirow.pad_one_row_calls(graph):
@@ -245,14 +259,14 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
         return graph, info
 
     def add_draft_piece(name: str, graph, vocab_map: np.ndarray | None, vocab_file: str, **fields) -> None:
-        """A drafting piece (adapter, drafter): its pruned head's ids beside it, quantized like the rest but
-        without the output path's care (drafts only propose; verification decides)."""
+        """A drafting piece (adapter, drafter): its pruned head's ids beside it, quantized at the drafting
+        precision, without the output path's care (drafts only propose; verification decides)."""
         if vocab_map is not None:
             np.save(writer.tmp / vocab_file, vocab_map)
             fields["draft_vocab"] = {"file": vocab_file, "size": len(vocab_map),
                                      "note": "FR-Spec: the head keeps these token ids (ascending); logits are in"
                                              " this order, top_token is a real id"}
-        graph, qinfo = quantized(graph, output_path=False)
+        graph, qinfo = quantized(graph, output_path=False, spec=draft_spec)
         writer.add_piece(name, for_target(graph), flavour, layers=None, **fields, **qinfo)
 
     with BundleWriter(Path(out), force=force) as writer:
@@ -349,13 +363,15 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
             parity.PieceCheck("deep", hidden, {"logits": "logits"}),
         ]
         if adapter_module is not None:
-            checks.append(parity.PieceCheck("adapter", hidden, {"logits": "adapter_logits"}))
+            checks.append(parity.PieceCheck("adapter", hidden, {"logits": "adapter_logits"},
+                                            precision=draft_precision))
         if drafter_model is not None:
-            checks.append(parity.PieceCheck("drafter", lambda r: r["input_ids"], {"logits": "drafter_logits"}))
+            checks.append(parity.PieceCheck("drafter", lambda r: r["input_ids"], {"logits": "drafter_logits"},
+                                            precision=draft_precision))
         dequantized = None
-        if qspec is not None:
+        if qspec is not None or draft_spec is not None:
             dequantized = _dequantized_reference(torch_model, ell, adapter_module, vocab_map, qspec, drafter_model,
-                                                 drafter_vocab)
+                                                 drafter_vocab, draft_spec)
         report = parity.run_checks(writer.tmp, writer.pieces, checks, parity_sequences(tokenizer, dims.vocab, context),
                                    _reference(torch_model, ell, adapter_module, vocab_map, drafter_model,
                                               drafter_vocab), precision, context, dequantized=dequantized)

@@ -37,6 +37,7 @@ class PieceCheck:
     feed: Callable[[dict], np.ndarray]  # reference tensors -> the piece's primary input
     expect: dict[str, str]  # piece output -> reference tensor name
     keep_all: bool = False  # pass logits_to_keep = chunk length
+    precision: str | None = None  # the piece's own, where it is not the bundle's (drafting pieces)
 
 
 def relative_error(got: np.ndarray, want: np.ndarray) -> float:
@@ -69,35 +70,39 @@ def run_checks(root: Path, manifest_pieces: dict[str, Piece], checks: list[Piece
                dequantized: Callable[[list[int]], dict] | None = None) -> dict:
     """Runs every piece on every sequence in two chunks (prefill, then continuation against the cache)
     and raises naming the piece when an output is off by more than the tolerance. `dequantized`: for
-    int8/int4 pieces, the reference of PyTorch running the same rounded weights (see DEQUANT_TOLERANCE)."""
-    tol = TOLERANCE[precision]
+    int8/int4 pieces, the reference of PyTorch running the same rounded weights (see DEQUANT_TOLERANCE). A check
+    with a precision of its own is held to that precision's tolerances."""
     report: dict[str, dict] = {}
     for check in checks:
+        piece_precision = check.precision or precision
+        tol = TOLERANCE[piece_precision]
+        rounded = dequantized if piece_precision in DEQUANT_TOLERANCE else None
         spec = manifest_pieces[check.name]
         piece = OrtPiece(check.name, root / spec.file, spec, max_context, ["CPUExecutionProvider"], None)
         worst: dict[str, float] = {}
         worst_dq: dict[str, float] = {}
         top1: dict[str, list[int]] = {}  # output -> [agreeing positions, positions]
         for seq in sequences:
-            _compare(piece, check, reference(seq), seq, worst, top1 if dequantized is not None else None)
-            if dequantized is not None:  # each piece fed its own input from the rounded model
-                _compare(piece, check, dequantized(seq), seq, worst_dq, None)
+            _compare(piece, check, reference(seq), seq, worst, top1 if rounded is not None else None)
+            if rounded is not None:  # each piece fed its own input from the rounded model
+                _compare(piece, check, rounded(seq), seq, worst_dq, None)
         result = {"max_relative_error": worst, "tolerance": tol, "sequences": len(sequences)}
-        if dequantized is not None:  # first: the sharpest check names a packing error as such
+        if rounded is not None:  # first: the sharpest check names a packing error as such
             for name, err in worst_dq.items():
-                if not err <= DEQUANT_TOLERANCE[precision]:
+                if not err <= DEQUANT_TOLERANCE[piece_precision]:
                     _fail(check.name, name, f"differs by {err:.2e} (relative) from PyTorch running the same"
-                          f" rounded weights, above {DEQUANT_TOLERANCE[precision]:.2g}", precision)
+                          f" rounded weights, above {DEQUANT_TOLERANCE[piece_precision]:.2g}", piece_precision)
             agreement = {name: a / max(n, 1) for name, (a, n) in top1.items()}
             for name, share in agreement.items():
-                if not share >= MIN_TOP1[precision]:
+                if not share >= MIN_TOP1[piece_precision]:
                     _fail(check.name, name, f"agrees with the fp32 model's top-1 token at only {share:.0%} of"
-                          f" positions, below {MIN_TOP1[precision]:.0%}", precision)
-            result.update(dequantized_max_relative_error=worst_dq, dequantized_tolerance=DEQUANT_TOLERANCE[precision],
-                          top1_agreement=agreement, min_top1_agreement=MIN_TOP1[precision])
+                          f" positions, below {MIN_TOP1[piece_precision]:.0%}", piece_precision)
+            result.update(dequantized_max_relative_error=worst_dq,
+                          dequantized_tolerance=DEQUANT_TOLERANCE[piece_precision], top1_agreement=agreement,
+                          min_top1_agreement=MIN_TOP1[piece_precision])
         for name, err in worst.items():
             if not err <= tol:
                 _fail(check.name, name, f"differs from PyTorch by {err:.2e} (relative), above the tolerance"
-                      f" {tol:.2g}", precision)
+                      f" {tol:.2g}", piece_precision)
         report[check.name] = result
     return report

@@ -88,6 +88,25 @@ def spec_for(precision: str, **overrides) -> QuantSpec | None:
     return spec
 
 
+def drafting_precision(table: object, precision: str, flavour: str) -> str:
+    """The precision of the drafting pieces (adapter, drafter): the recipe's [export.drafting_precision] entry for
+    the bundle's precision, else the bundle's own. Drafts only propose and verification decides, so this is a
+    speed choice that never changes a bundle's output. MatMulNBits is ONNX Runtime's, so only the 'ort' flavour
+    takes it; the others keep the bundle's precision."""
+    if table is None:
+        return precision
+    if not isinstance(table, dict):
+        raise SpecExportError("recipe [export.drafting_precision] is not a table; write it as bundle precision ="
+                              ' drafting precision, such as fp32 = "int8"')
+    unknown = sorted(set(table) - {"fp32", "fp16", *BITS})
+    if unknown:
+        raise SpecExportError(f"recipe [export.drafting_precision] names {', '.join(map(repr, unknown))}, not a"
+                              " bundle precision; use fp32, fp16, int8 or int4 as keys")
+    for key, value in table.items():
+        if value not in BITS:
+            raise SpecExportError(f'recipe [export.drafting_precision] {key} = {value!r}; use "int8" or "int4"')
+    return table.get(precision, precision) if flavour == "ort" else precision
+
 @dataclass
 class PackedWeight:
     """One weight in MatMulNBits form (K, N as the MatMul B input [K, N] had them)."""

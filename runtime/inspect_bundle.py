@@ -24,6 +24,8 @@ def inspect_bundle(root: Path) -> dict:
             "file": spec.file, "bytes": _size(root, spec.file) + _size(root, spec.data),
             "layers": p["layers"], "kv_mode": spec.kv.mode, "kv_count": spec.kv.count,
             "inputs": p["inputs"], "outputs": p["outputs"], "parity": spec.parity,
+            # a drafting piece may be quantized in a float bundle (the recipe's [export.drafting_precision])
+            "weights": f"int{spec.quantization['bits']}" if spec.quantization else plain["graph"]["precision"],
         }
     return {
         "bundle": str(root), "name": manifest.name, "schema_version": manifest.schema_version,
@@ -56,8 +58,8 @@ def render(report: dict) -> str:
             errs = ", ".join(f"{k} {v:.1e}" for k, v in p["parity"]["max_relative_error"].items())
             parity = f"; parity {errs} (tol {p['parity']['tolerance']:.0e})"
         layers = f" layers [{p['layers'][0]}, {p['layers'][1]})" if p["layers"] else ""
-        lines.append(f"  {name:<8} {p['file']}{layers}, {p['bytes'] / 1e6:.1f} MB, {p['kv_count']} KV caches"
-                     f" ({p['kv_mode']}){parity}")
+        lines.append(f"  {name:<8} {p['file']}{layers}, {p['weights']} weights, {p['bytes'] / 1e6:.1f} MB,"
+                     f" {p['kv_count']} KV caches ({p['kv_mode']}){parity}")
         inputs = [t for t in p["inputs"] if not t["name"].startswith("past_")]
         lines.append("           in:  " + "; ".join(_shape(t) for t in inputs))
         lines.append("           out: " + "; ".join(_shape(t) for t in p["outputs"]

@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 from specexport.exporter import quantize
 from specexport.exporter.build import build_bundle
 from specexport.runtime.errors import SpecExportError
+from specexport.runtime.inspect_bundle import inspect_bundle
 from specexport.runtime.session import load
 
 from .test_tree_attention import leading_rows_are_ar_bit_for_bit
@@ -237,3 +238,63 @@ def test_one_token_calls_equal_rows_of_a_verification_call_bit_for_bit(quantized
 def test_a_tree_calls_leading_chain_rows_are_ar_bit_for_bit_when_quantized(quantized_bundles, precision):
     # the rows `tree.settle` makes final are AR's to the bit; the others sum over masked slots and need not be
     leading_rows_are_ar_bit_for_bit(load(quantized_bundles[precision]).pieces, 64)
+
+
+def test_drafting_pieces_take_the_recipes_drafting_precision(tmp_path, tiny_checkpoint):
+    """An fp32 bundle whose adapter and drafter are int8 (the recipe's [export.drafting_precision]): the output
+    path stays fp32, the drafting pieces pass int8's parity against PyTorch running their rounded weights, and
+    every mode that drafts with them still gives AR's tokens."""
+    from specexport.doctor.tiny import make_noisy_drafter
+
+    make_noisy_drafter(tiny_checkpoint, tmp_path / "drafter")
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('name = "tiny"\n[export]\nexit_layer = 2\n[export.drafting_precision]\nfp32 = "int8"\n'
+                      'int4 = "int8"\n')
+    bundle = tmp_path / "b"
+    manifest = build_bundle(bundle, recipe=str(recipe), model=str(tiny_checkpoint), context=256,
+                            adapter="untrained", drafter=str(tmp_path / "drafter")).to_dict()
+    assert manifest["graph"]["precision"] == "fp32" and manifest["graph"]["quantization"] is None
+    for name in ("shallow", "deep"):
+        assert manifest["pieces"][name]["quantization"] is None, name
+        ops = {n.op_type for n in onnx.load(str(bundle / f"{name}.onnx"), load_external_data=False).graph.node}
+        assert "MatMulNBits" not in ops, name
+    for name in ("adapter", "drafter"):
+        piece = manifest["pieces"][name]
+        assert piece["quantization"]["bits"] == 8 and piece["quantization"]["lm_head_quantized"] is True, name
+        ops = {n.op_type for n in onnx.load(str(bundle / piece["file"]), load_external_data=False).graph.node}
+        assert "MatMulNBits" in ops, name
+        report = piece["parity"]
+        assert report["tolerance"] == 0.2 and report["dequantized_tolerance"] == 0.25, name  # int8's, not fp32's
+        assert all(v <= report["dequantized_tolerance"] for v in report["dequantized_max_relative_error"].values())
+        assert all(v >= report["min_top1_agreement"] for v in report["top1_agreement"].values()), name
+    weights = {name: piece["weights"] for name, piece in inspect_bundle(bundle)["pieces"].items()}
+    assert weights == {"shallow": "fp32", "deep": "fp32", "adapter": "int8", "drafter": "int8"}
+    session = load(bundle)
+    for prompt in PROMPTS:
+        ar = session.generate(prompt, mode="ar", max_new_tokens=40)
+        for mode in ("self", "model", "auto"):
+            spec = session.generate(prompt, mode=mode, max_new_tokens=40)
+            assert spec.tokens == ar.tokens, (prompt, mode)
+            assert spec.stats.drafted > 0, (prompt, mode)
+
+
+@pytest.mark.parametrize(("table", "message"), [
+    ('"int8"', "is not a table"),
+    ('{ bf16 = "int8" }', "'bf16', not a bundle precision"),
+    ('{ fp32 = "fp16" }', 'fp32 = \'fp16\'; use "int8" or "int4"'),
+])
+def test_a_wrong_drafting_precision_is_one_sentence(tmp_path, tiny_checkpoint, table, message):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(f'name = "tiny"\n[export]\nexit_layer = 2\ndrafting_precision = {table}\n')
+    with pytest.raises(SpecExportError, match=message) as err:
+        build_bundle(tmp_path / "b", recipe=str(recipe), model=str(tiny_checkpoint), context=128, adapter="none")
+    assert str(err.value).count(". ") == 0
+    assert not (tmp_path / "b").exists()
+
+
+def test_drafting_precision_applies_to_the_ort_flavour_only():
+    table = {"fp32": "int8", "fp16": "int4"}
+    assert quantize.drafting_precision(table, "fp32", "ort") == "int8"
+    assert quantize.drafting_precision(table, "int4", "ort") == "int4"  # no entry: the bundle's own
+    assert quantize.drafting_precision(table, "fp16", "standard") == "fp16"  # MatMulNBits is ONNX Runtime's
+    assert quantize.drafting_precision(None, "fp32", "ort") == "fp32"
