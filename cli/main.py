@@ -66,6 +66,10 @@ def main() -> None:
 @click.option("--precision", type=click.Choice(["fp32", "int8", "int4"]), default=None,
               help="Weights: fp32, or int8/int4 weight-only quantization (ONNX Runtime's MatMulNBits, blocks of 64 /"
               " 32 along K; the ort flavour only). Default: the recipe's (fp32).")
+@click.option("--drafting-precision", type=click.Choice(["bundle", "int8", "int4"]), default=None,
+              help="Weights of the drafting pieces (adapter, drafter): int8/int4 (the ort flavour), or 'bundle' for"
+              " the bundle's own. Drafts never change the output, only the speed. Default: the recipe's"
+              " (int8 in fp32 bundles).")
 @click.option("--adapter", default="auto", show_default=True,
               help="Kangaroo adapter: 'auto' uses the one shipped or trained earlier for this model and exit"
               " layer, else trains one by self-distillation; 'none' builds without; or a directory written by"
@@ -85,8 +89,8 @@ def main() -> None:
               " scripts but build no engines (no TensorRT or GPU needed); build them on the device with"
               " `specexport engines build`.")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON on stdout.")
-def build(out, recipe, model, exit_layer, context, flavour, precision, adapter, drafter, force, backend, target,
-          plan_only, as_json) -> None:
+def build(out, recipe, model, exit_layer, context, flavour, precision, drafting_precision, adapter, drafter, force,
+          backend, target, plan_only, as_json) -> None:
     """Build a bundle: load the model, cut and export its pieces, check them against PyTorch."""
     try:
         from ..exporter.build import build_bundle
@@ -95,7 +99,8 @@ def build(out, recipe, model, exit_layer, context, flavour, precision, adapter, 
                               " `pip install 'specexport[export]'`") from None
     manifest = build_bundle(out, recipe=recipe, model=model, exit_layer=exit_layer, context=context,
                             flavour=flavour, force=force, adapter=adapter, command=_command(), backend=backend,
-                            target=target, plan_only=plan_only, precision=precision, drafter=drafter)
+                            target=target, plan_only=plan_only, precision=precision, drafter=drafter,
+                            drafting_precision=drafting_precision)
     if as_json:
         click.echo(manifest.to_json(), nl=False)
     else:

@@ -192,14 +192,16 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
                  context: int | None = None, flavour: str | None = None, force: bool = False,
                  adapter: str | None = None, command: str = "", backend: str | None = None,
                  target: str | None = None, plan_only: bool = False, precision: str | None = None,
-                 drafter: str | None = None) -> dict:
+                 drafter: str | None = None, drafting_precision: str | None = None) -> dict:
     """Build a bundle at `out`. `adapter`: 'auto' (shipped, cached or freshly trained), 'none',
     'untrained' (tests only) or a trained adapter directory. `drafter`: 'auto' (the recipe's shipped drafter
     when it was trained for this target, else none), 'none', a `specexport train-drafter` directory or a
     Hugging Face Llama-family checkpoint directory with the target's tokenizer. With `backend='tensorrt'` and a `target`
     (name, alias or .toml): fp16 standard-flavour pieces checked against the target's TensorRT, its build
     plan and trtexec scripts, and (unless `plan_only`) the engines, built here through TensorRT.
-    `precision`: fp32, or int8/int4 weight-only quantization of the ort flavour (default: the recipe's)."""
+    `precision`: fp32, or int8/int4 weight-only quantization of the ort flavour (default: the recipe's).
+    `drafting_precision`: int8 or int4 for the adapter's and drafter's weights, or 'bundle' for the bundle's
+    own (default: the recipe's [export.drafting_precision] entry for the bundle's precision)."""
     _check_precision(precision, flavour, backend, target)
     trt_target = tensorrt_target(backend, target, plan_only)
     if trt_target is not None:
@@ -219,7 +221,12 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
     # the recipe's [export.quantize] may override the measured defaults (quantize.QuantSpec's fields)
     qspec = quantize.spec_for(precision, **exp.get("quantize", {}))
     # the adapter's and drafter's weights may take a precision of their own (measured per bundle precision)
-    draft_precision = quantize.drafting_precision(exp.get("drafting_precision"), precision, flavour)
+    drafting = exp.get("drafting_precision")
+    if drafting_precision is not None:  # this build's choice, over the recipe's table
+        if drafting_precision not in ("bundle", *quantize.BITS):
+            raise SpecExportError(f"drafting precision {drafting_precision!r} is not one; use bundle, int8 or int4")
+        drafting = {} if drafting_precision == "bundle" else {precision: drafting_precision}
+    draft_precision = quantize.drafting_precision(drafting, precision, flavour)
     draft_spec = qspec if draft_precision == precision else quantize.spec_for(draft_precision)
     kv_choice = exp.get("quantize", {}).get("kv_cache", "float")
     kv_cache.check_choice(kv_choice, flavour, precision)  # int8 only with int8/int4 weights, so qspec is set

@@ -49,8 +49,9 @@ def _copy_with_tokenizer(src, dst, edit):
 def test_external_drafter_exports_and_matches_torch_across_the_cache(tiny_checkpoint, drafter_checkpoint, tmp_path,
                                                                     flavour):
     out = tmp_path / "b"
+    # the drafter's graph at fp32, held to fp32's tolerance (the default recipe would draft at int8)
     manifest = build_bundle(out, model=str(tiny_checkpoint), context=128, flavour=flavour, adapter="none",
-                            drafter=str(drafter_checkpoint)).to_dict()
+                            drafter=str(drafter_checkpoint), drafting_precision="bundle").to_dict()
     spec = manifest["pieces"]["drafter"]
     assert set(manifest["pieces"]) == {"shallow", "deep", "drafter"}
     assert spec["parity"]["max_relative_error"]["logits"] <= spec["parity"]["tolerance"] == 1e-3
@@ -210,7 +211,7 @@ def test_trained_drafter_builds_with_parity_and_refuses_other_targets(trained, t
                                                                       tmp_path):
     _, out, meta = trained
     manifest = build_bundle(tmp_path / "b", model=str(tiny_checkpoint), context=128, adapter="none",
-                            drafter=str(out)).to_dict()
+                            drafter=str(out), drafting_precision="bundle").to_dict()
     spec = manifest["pieces"]["drafter"]
     assert spec["parity"]["max_relative_error"]["logits"] <= 1e-3
     assert spec["dims"]["hidden"] == 32 and spec["dims"]["layers"] == 1

@@ -298,3 +298,16 @@ def test_drafting_precision_applies_to_the_ort_flavour_only():
     assert quantize.drafting_precision(table, "int4", "ort") == "int4"  # no entry: the bundle's own
     assert quantize.drafting_precision(table, "fp16", "standard") == "fp16"  # MatMulNBits is ONNX Runtime's
     assert quantize.drafting_precision(None, "fp32", "ort") == "fp32"
+
+
+@pytest.mark.parametrize(("choice", "bits"), [("int4", 4), ("bundle", None)])
+def test_build_takes_the_drafting_precision_from_the_command_line(tmp_path, tiny_checkpoint, choice, bits):
+    out = tmp_path / "b"
+    proc = subprocess.run([sys.executable, "-m", "specexport.cli.main", "build", "--out", str(out), "--model",
+                           str(tiny_checkpoint), "--context", "128", "--adapter", "untrained",
+                           "--drafting-precision", choice, "--json"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    pieces = json.loads(proc.stdout)["pieces"]
+    assert (pieces["adapter"]["quantization"] or {}).get("bits") == bits
+    assert pieces["deep"]["quantization"] is None  # the bundle stays fp32
