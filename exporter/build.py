@@ -224,7 +224,7 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
     drafting = exp.get("drafting_precision")
     if drafting_precision is not None:  # this build's choice, over the recipe's table
         if drafting_precision not in ("bundle", *quantize.BITS):
-            raise SpecExportError(f"drafting precision {drafting_precision!r} is not one; use bundle, int8 or int4")
+            raise SpecExportError(f"drafting precision {drafting_precision!r} is unknown; use bundle, int8 or int4")
         drafting = {} if drafting_precision == "bundle" else {precision: drafting_precision}
     draft_precision = quantize.drafting_precision(drafting, precision, flavour)
     draft_spec = qspec if draft_precision == precision else quantize.spec_for(draft_precision)

@@ -311,3 +311,10 @@ def test_build_takes_the_drafting_precision_from_the_command_line(tmp_path, tiny
     pieces = json.loads(proc.stdout)["pieces"]
     assert (pieces["adapter"]["quantization"] or {}).get("bits") == bits
     assert pieces["deep"]["quantization"] is None  # the bundle stays fp32
+
+
+def test_an_unknown_drafting_precision_argument_is_one_sentence(tmp_path, tiny_checkpoint):
+    with pytest.raises(SpecExportError, match="'fp16' is unknown; use bundle, int8 or int4") as err:
+        build_bundle(tmp_path / "b", model=str(tiny_checkpoint), context=128, adapter="none",
+                     drafting_precision="fp16")
+    assert str(err.value).count(". ") == 0 and not (tmp_path / "b").exists()
