@@ -134,7 +134,9 @@ def test_a_smaller_gemma3_with_the_same_tokenizer_drafts_for_a_gemma3(tmp_path):
     target = make_arch_checkpoint(tmp_path / "target", "gemma3_text")
     drafter = make_arch_checkpoint(tmp_path / "drafter", "gemma3_text", seed=1, num_hidden_layers=3,
                                    layer_types=["sliding_attention", "sliding_attention", "full_attention"])
-    manifest = build_bundle(tmp_path / "b", model=str(target), drafter=str(drafter), adapter="none", context=128)
+    # the drafter's graph at fp32, held to fp32's tolerance (the default recipe would draft at int8)
+    manifest = build_bundle(tmp_path / "b", model=str(target), drafter=str(drafter), adapter="none", context=128,
+                            drafting_precision="bundle")
     spec = manifest.pieces["drafter"]
     assert spec.architecture == "gemma3_text" and spec.dims.layers == 3
     assert spec.parity["max_relative_error"]["logits"] <= 1e-3
