@@ -221,12 +221,8 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
     # the recipe's [export.quantize] may override the measured defaults (quantize.QuantSpec's fields)
     qspec = quantize.spec_for(precision, **exp.get("quantize", {}))
     # the adapter's and drafter's weights may take a precision of their own (measured per bundle precision)
-    drafting = exp.get("drafting_precision")
-    if drafting_precision is not None:  # this build's choice, over the recipe's table
-        if drafting_precision not in ("bundle", *quantize.BITS):
-            raise SpecExportError(f"drafting precision {drafting_precision!r} is unknown; use bundle, int8 or int4")
-        drafting = {} if drafting_precision == "bundle" else {precision: drafting_precision}
-    draft_precision = quantize.drafting_precision(drafting, precision, flavour)
+    draft_precision = quantize.drafting_precision(exp.get("drafting_precision"), precision, flavour,
+                                                  drafting_precision)
     draft_spec = qspec if draft_precision == precision else quantize.spec_for(draft_precision)
     kv_choice = exp.get("quantize", {}).get("kv_cache", "float")
     kv_cache.check_choice(kv_choice, flavour, precision)  # int8 only with int8/int4 weights, so qspec is set

@@ -88,11 +88,16 @@ def spec_for(precision: str, **overrides) -> QuantSpec | None:
     return spec
 
 
-def drafting_precision(table: object, precision: str, flavour: str) -> str:
-    """The precision of the drafting pieces (adapter, drafter): the recipe's [export.drafting_precision] entry for
-    the bundle's precision, else the bundle's own. Drafts only propose and verification decides, so this is a
-    speed choice that never changes a bundle's output. MatMulNBits is ONNX Runtime's, so only the 'ort' flavour
-    takes it; the others keep the bundle's precision."""
+def drafting_precision(table: object, precision: str, flavour: str, override: str | None = None) -> str:
+    """The precision of the drafting pieces (adapter, drafter): `override` (a build's int8, int4, or 'bundle' for
+    the bundle's own), else the recipe's [export.drafting_precision] entry for the bundle's precision, else the
+    bundle's own. Drafts only propose and verification decides, so this is a speed choice that never changes a
+    bundle's output. MatMulNBits is ONNX Runtime's, so only the 'ort' flavour takes it; the others keep the
+    bundle's precision."""
+    if override is not None:
+        if override not in ("bundle", *BITS):
+            raise SpecExportError(f"drafting precision {override!r} is unknown; use bundle, int8 or int4")
+        table = {} if override == "bundle" else {precision: override}
     if table is None:
         return precision
     if not isinstance(table, dict):

@@ -28,6 +28,17 @@ class Pieces:
     vocab_size: int = 0
 
 
+def emitted(tokens: list[int], room: int, eos_ids, ignore_eos: bool = False) -> tuple[list[int], bool]:
+    """A step's final tokens as a request emits them: at most `room`, cut before an end-of-sequence token
+    unless `ignore_eos`; and whether one ended the request."""
+    tokens = tokens[:room]
+    if not ignore_eos:
+        for i, token in enumerate(tokens):
+            if token in eos_ids:
+                return tokens[:i], True
+    return tokens, False
+
+
 def ids_array(tokens: list[int]) -> np.ndarray:
     return np.asarray(tokens, dtype=np.int64)[None, :]
 

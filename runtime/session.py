@@ -16,7 +16,7 @@ import numpy as np
 from .assemble import auto_trees, decoder
 from .attention_rounding import SplitAtBoundary, flash_attention_off, length_sensitive
 from .bundle import Bundle, load_bundle
-from .decode import Pieces
+from .decode import Pieces, emitted
 from .drafters import (
     AutoMemory,
 )
@@ -170,11 +170,9 @@ class Session:
         reason = "length"
         try:
             for tokens in loop:
-                tokens = tokens[: budget - stats.new_tokens]
-                for i, token in enumerate(tokens):
-                    if token in self.codec.eos_ids and not opts.ignore_eos:
-                        tokens, reason = tokens[:i], "eos"
-                        break
+                tokens, ended = emitted(tokens, budget - stats.new_tokens, self.codec.eos_ids, opts.ignore_eos)
+                if ended:
+                    reason = "eos"
                 stats.new_tokens += len(tokens)
                 delta = detok.push(tokens)
                 if detok.stopped:

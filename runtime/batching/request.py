@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..decode import emitted
 from ..drafters import AdapterState, Draft, LookupDrafter
 from ..errors import SpecExportError
 from ..options import Options
@@ -70,11 +71,9 @@ class BatchRequest:
     def emit(self, tokens: list[int]) -> bool:
         """Hands the step's final tokens to the caller, cut at the budget and at an end-of-sequence token (as
         Session does); True once the request is done."""
-        tokens = tokens[: self.budget - len(self.tokens)]
-        for i, token in enumerate(tokens):
-            if token in self.eos_ids and not self.opts.ignore_eos:
-                tokens, self.finish_reason = tokens[:i], "eos"
-                break
+        tokens, ended = emitted(tokens, self.budget - len(self.tokens), self.eos_ids, self.opts.ignore_eos)
+        if ended:
+            self.finish_reason = "eos"
         self.tokens.extend(tokens)
         self.stats.new_tokens = len(self.tokens)
         if tokens:

@@ -94,6 +94,18 @@ def merge(bundle: Path, out: Path) -> None:
     print(f"wrote {out / 'full.onnx'}: {len(graph.node)} nodes, {len(inputs)} inputs, {len(outputs)} outputs")
 
 
+def refresh_checksums(bundle: Path, names: list[str], edit=None) -> None:
+    """The manifest's SHA-256 of the files `names` (rewritten by an experiment), after `edit(manifest)`."""
+    from specexport.runtime.manifest import sha256_file
+
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    if edit is not None:
+        edit(manifest)
+    for name in names:
+        manifest["files"][name] = sha256_file(bundle / name)
+    (bundle / "manifest.json").write_text(json.dumps(manifest, indent=1))
+
+
 def copy_parts(unpadded: Path, out: Path) -> None:
     """OUT/copy: the unpadded bundle's shallow and deep with each attention's copied row, as the exporter writes
     them (exporter/multirow.py); OUT/nodes: the same graphs with the copy switched off (the test for a one-row
@@ -103,13 +115,15 @@ def copy_parts(unpadded: Path, out: Path) -> None:
     import onnx
     from onnx import numpy_helper
     from specexport.exporter.multirow import pad_one_row_attention
-    from specexport.runtime.manifest import sha256_file
+
+    def padded(manifest: dict) -> None:
+        for piece in ("shallow", "deep"):
+            manifest["pieces"][piece]["one_row_padding"] = "attention"
 
     for name, copy in (("copy", True), ("nodes", False)):
         target = out / name
         shutil.rmtree(target, ignore_errors=True)
         shutil.copytree(unpadded, target)
-        manifest = json.loads((target / "manifest.json").read_text())
         for piece in ("shallow", "deep"):
             path = target / f"{piece}.onnx"
             model = onnx.load(str(path), load_external_data=False)  # the weights stay in the copied .data file
@@ -120,9 +134,7 @@ def copy_parts(unpadded: Path, out: Path) -> None:
                     if init.name == "mr_one64":  # the call's rows are compared with 1 to find a one-row call
                         init.CopyFrom(numpy_helper.from_array(np.array([0], np.int64), init.name))
             onnx.save(model, str(path))
-            manifest["pieces"][piece]["one_row_padding"] = "attention"
-            manifest["files"][path.name] = sha256_file(path)
-        (target / "manifest.json").write_text(json.dumps(manifest, indent=1))
+        refresh_checksums(target, ["shallow.onnx", "deep.onnx"], padded)
         print(f"wrote {target}")
 
 
@@ -135,11 +147,9 @@ def unit_scale(bundle: Path, out: Path) -> None:
 
     import onnx
     from onnx import helper, numpy_helper
-    from specexport.runtime.manifest import sha256_file
 
     shutil.rmtree(out, ignore_errors=True)
     shutil.copytree(bundle, out)
-    manifest = json.loads((out / "manifest.json").read_text())
     for piece in ("shallow", "deep"):
         path = out / f"{piece}.onnx"
         model = onnx.load(str(path))
@@ -162,9 +172,7 @@ def unit_scale(bundle: Path, out: Path) -> None:
             inits[qkv.input[2]].CopyFrom(numpy_helper.from_array(scales, qkv.input[2]))
             attrs["scale"].f = 1.0
         onnx.save(model, str(path), save_as_external_data=True, location=f"{piece}.onnx.data")
-        for name in (path.name, f"{piece}.onnx.data"):
-            manifest["files"][name] = sha256_file(out / name)
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    refresh_checksums(out, [f"{p}.onnx{ext}" for p in ("shallow", "deep") for ext in ("", ".data")])
     print(f"wrote {out}")
 
 

@@ -25,8 +25,8 @@ QUESTIONS = Path(__file__).resolve().parents[2].parent / "shared" / "specbench" 
 
 def quantize_drafter(bundle: Path, out: Path, precision: str) -> None:
     import onnx
+    from ar_gap import refresh_checksums  # this directory
     from specexport.exporter import quantize
-    from specexport.runtime.manifest import sha256_file
 
     shutil.rmtree(out, ignore_errors=True)
     shutil.copytree(bundle, out)
@@ -38,11 +38,8 @@ def quantize_drafter(bundle: Path, out: Path, precision: str) -> None:
     for name in ("drafter.onnx", "drafter.onnx.data"):
         (out / name).unlink()
     onnx.save(model, str(out / "drafter.onnx"), save_as_external_data=True, location="drafter.onnx.data")
-    manifest = json.loads((out / "manifest.json").read_text())
-    for name in ("drafter.onnx", "drafter.onnx.data"):
-        manifest["files"][name] = sha256_file(out / name)
-    manifest["pieces"]["drafter"]["quantization"] = info
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    refresh_checksums(out, ["drafter.onnx", "drafter.onnx.data"],
+                      lambda manifest: manifest["pieces"]["drafter"].update(quantization=info))
     print(f"wrote {out}: drafter at {precision}")
 
 
