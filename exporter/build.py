@@ -71,9 +71,10 @@ def versions() -> dict:
 
 
 def _reference(model, exit_layer: int, adapter=None, vocab_map: np.ndarray | None = None, drafter=None,
-               drafter_vocab: np.ndarray | None = None, adapter_head=None):
-    """`adapter_head`: the weight the adapter's head holds, where it is not the model's LM head (rounded at
-    a drafting precision of its own)."""
+               drafter_vocab: np.ndarray | None = None, adapter_head=None, head=None,
+               head_vocab: np.ndarray | None = None, head_lm=None):
+    """`adapter_head`, `head_lm`: the weight the adapter's and the draft head's LM heads hold, where it is not
+    the model's (rounded at a drafting precision of their own)."""
     import torch
 
     def run(seq: list[int]) -> dict:
@@ -83,9 +84,17 @@ def _reference(model, exit_layer: int, adapter=None, vocab_map: np.ndarray | Non
                    "h_exit": out.hidden_states[exit_layer].numpy(), "logits": out.logits.numpy()}
             if adapter is not None:
                 y = adapter.hidden(out.hidden_states[exit_layer])
-                head = model.lm_head.weight if adapter_head is None else adapter_head
-                head = head if vocab_map is None else head[vocab_map]
-                ref["adapter_logits"] = (y @ head.T).numpy()
+                lm = model.lm_head.weight if adapter_head is None else adapter_head
+                lm = lm if vocab_map is None else lm[vocab_map]
+                ref["adapter_logits"] = (y @ lm.T).numpy()
+            if head is not None:  # the head reads the target's states; the parity run feeds it the same ones
+                feats = torch.cat([out.hidden_states[i] for i in head.cfg.features], -1)
+                ref["features"] = feats.numpy()
+                states = head(feats, model.model.embed_tokens(torch.tensor([seq])))
+                lm = model.lm_head.weight if head_lm is None else head_lm
+                lm = lm if head_vocab is None else lm[head_vocab]
+                ref["head_state"] = states.numpy()
+                ref["head_logits"] = (head.output_norm(states) @ lm.T).numpy()
             if drafter is not None:  # an independent model: it reads the token ids
                 logits = drafter(torch.tensor([seq])).logits
                 ref["drafter_logits"] = (logits if drafter_vocab is None else logits[..., drafter_vocab]).numpy()
@@ -96,7 +105,8 @@ def _reference(model, exit_layer: int, adapter=None, vocab_map: np.ndarray | Non
 
 def _dequantized_reference(model, exit_layer: int, adapter, vocab_map: np.ndarray | None,
                            spec: quantize.QuantSpec | None, drafter=None, drafter_vocab: np.ndarray | None = None,
-                           draft_spec: quantize.QuantSpec | None = None):
+                           draft_spec: quantize.QuantSpec | None = None, head=None,
+                           head_vocab: np.ndarray | None = None):
     """PyTorch running the very weights the quantized graphs hold (rounded, back in fp32): what the
     quantized pieces must match closely, whatever the rounding did to the model's quality. `spec` rounds the
     model (None: a float bundle's model, kept), `draft_spec` the drafting pieces."""
@@ -110,14 +120,24 @@ def _dequantized_reference(model, exit_layer: int, adapter, vocab_map: np.ndarra
     if adapter is not None and draft_spec is not None:
         dq_adapter = copy.deepcopy(adapter)
         quantize.fake_quantize_torch(dq_adapter, draft_spec)
-        head = copy.deepcopy(model.lm_head)  # the adapter's graph holds the LM head rounded as it is rounded
-        quantize.fake_quantize_torch(head, draft_spec, lm_head=head)
-        adapter_head = head.weight
+        lm = copy.deepcopy(model.lm_head)  # the adapter's graph holds the LM head rounded as it is rounded
+        quantize.fake_quantize_torch(lm, draft_spec, lm_head=lm)
+        adapter_head = lm.weight
+    dq_head = head_lm = None
+    if head is not None:
+        dq_head = head
+        if draft_spec is not None:
+            dq_head = copy.deepcopy(head)
+            quantize.fake_quantize_torch(dq_head, draft_spec)
+            lm = copy.deepcopy(model.lm_head)
+            quantize.fake_quantize_torch(lm, draft_spec, lm_head=lm)
+            head_lm = lm.weight
     dq_drafter = None
     if drafter is not None and draft_spec is not None:
         dq_drafter = copy.deepcopy(drafter)
         quantize.fake_quantize_torch(dq_drafter, draft_spec, lm_head=dq_drafter.lm_head)
-    return _reference(dq_model, exit_layer, dq_adapter, vocab_map, dq_drafter, drafter_vocab, adapter_head)
+    return _reference(dq_model, exit_layer, dq_adapter, vocab_map, dq_drafter, drafter_vocab, adapter_head, dq_head,
+                      head_vocab, head_lm)
 
 
 def _check_precision(precision: str | None, flavour: str | None, backend: str | None, target: str | None) -> None:
@@ -192,7 +212,7 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
                  context: int | None = None, flavour: str | None = None, force: bool = False,
                  adapter: str | None = None, command: str = "", backend: str | None = None,
                  target: str | None = None, plan_only: bool = False, precision: str | None = None,
-                 drafter: str | None = None, drafting_precision: str | None = None) -> dict:
+                 drafter: str | None = None, drafting_precision: str | None = None, head: str | None = None) -> dict:
     """Build a bundle at `out`. `adapter`: 'auto' (shipped, cached or freshly trained), 'none',
     'untrained' (tests only) or a trained adapter directory. `drafter`: 'auto' (the recipe's shipped drafter
     when it was trained for this target, else none), 'none', a `specexport train-drafter` directory or a
@@ -200,8 +220,10 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
     (name, alias or .toml): fp16 standard-flavour pieces checked against the target's TensorRT, its build
     plan and trtexec scripts, and (unless `plan_only`) the engines, built here through TensorRT.
     `precision`: fp32, or int8/int4 weight-only quantization of the ort flavour (default: the recipe's).
-    `drafting_precision`: int8 or int4 for the adapter's and drafter's weights, or 'bundle' for the bundle's
-    own (default: the recipe's [export.drafting_precision] entry for the bundle's precision)."""
+    `drafting_precision`: int8 or int4 for the adapter's, drafter's and head's weights, or 'bundle' for the
+    bundle's own (default: the recipe's [export.drafting_precision] entry for the bundle's precision).
+    `head`: the feature-level draft head: 'auto' (the recipe's shipped head when it was trained for this
+    target, else none), 'none', 'untrained' (tests only) or a `specexport train-head` directory."""
     _check_precision(precision, flavour, backend, target)
     trt_target = tensorrt_target(backend, target, plan_only)
     if trt_target is not None:
@@ -311,9 +333,13 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
                          **weights.attention_fields(range(ell)))
         del shallow
         stages.update()
+        from .training.head_source import resolve_head
+
+        head_module, head_meta = resolve_head(head, torch_model, source.origin_sha256, cfg, ell)
+        features = head_module.cfg.features if head_module is not None else None
         stage("exporting deep")
         deep = llama_graph.build_deep(dims, weights.rope, weights.layers[ell:], weights.final_norm,
-                                      weights.lm_head, flavour, dtype, weights.arch)
+                                      weights.lm_head, flavour, dtype, weights.arch, features=features)
         deep, qinfo = quantized(deep, kv_scales=kv_scales[ell:] if kv_scales else None)
         writer.add_piece("deep", for_target(deep), flavour, layers=[ell, dims.layers], **qinfo,
                          **weights.attention_fields(range(ell, dims.layers)))
@@ -337,6 +363,16 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
             summary = {k: adapter_meta.get(k) for k in ("source", "arch", "heldout", "raw_exit_agreement")}
             add_draft_piece("adapter", graph, vocab_map, "draft_vocab.npy", exit_layer=ell, training=summary)
         stages.update()
+
+        head_vocab = None
+        if head_module is not None:
+            stage("draft head")
+            size = head_meta.get("draft_vocab") or cfg.get("head", {}).get("draft_vocab")
+            head_vocab = pruned_vocab(head_meta.get("token_counts"), size)
+            graph = llama_graph.build_head(dims, weights.rope, head_module.graph_weights(), weights.embed,
+                                           weights.lm_head, flavour, dtype, vocab_map=head_vocab)
+            summary = {k: head_meta.get(k) for k in ("source", "heldout", "tokens_seen", "train_tokens", "device")}
+            add_draft_piece("head", graph, head_vocab, "head_vocab.npy", features=list(features), training=summary)
 
         stage("drafter")
         drafter_model = drafter_vocab = None
@@ -363,8 +399,13 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
 
         checks = [
             parity.PieceCheck("shallow", lambda r: r["input_ids"], {"hidden": "h_exit"}),
-            parity.PieceCheck("deep", hidden, {"logits": "logits"}),
+            parity.PieceCheck("deep", hidden, {"logits": "logits", **({"features": "features"} if features else {})}),
         ]
+        if head_module is not None:
+            checks.append(parity.PieceCheck("head", lambda r: r["input_ids"], {"logits": "head_logits",
+                                                                              "state": "head_state"},
+                                            precision=draft_precision,
+                                            extra=lambda r: {"features": r["features"].astype(dtype, copy=False)}))
         if adapter_module is not None:
             checks.append(parity.PieceCheck("adapter", hidden, {"logits": "adapter_logits"},
                                             precision=draft_precision))
@@ -374,10 +415,11 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
         dequantized = None
         if qspec is not None or draft_spec is not None:
             dequantized = _dequantized_reference(torch_model, ell, adapter_module, vocab_map, qspec, drafter_model,
-                                                 drafter_vocab, draft_spec)
+                                                 drafter_vocab, draft_spec, head_module, head_vocab)
         report = parity.run_checks(writer.tmp, writer.pieces, checks, parity_sequences(tokenizer, dims.vocab, context),
                                    _reference(torch_model, ell, adapter_module, vocab_map, drafter_model,
-                                              drafter_vocab), precision, context, dequantized=dequantized)
+                                              drafter_vocab, head=head_module, head_vocab=head_vocab),
+                                   precision, context, dequantized=dequantized)
         for name, result in report.items():
             writer.set_parity(name, result)
         stages.update()

@@ -27,12 +27,16 @@ position is its slot; the call's own tokens take the slots from position_ids[0] 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..runtime.errors import SpecExportError
 from ..runtime.manifest import Dims  # the manifest's record is the graphs' too
 from .onnx_builder import MS_DOMAIN, GraphBuilder
+
+if TYPE_CHECKING:
+    from .training.head import HeadWeights
 
 FLAVOURS = ("ort", "standard")
 
@@ -403,21 +407,41 @@ def build_shallow(dims: Dims, rope: Rope, embed: np.ndarray, layers: list[LayerW
 
 
 def build_deep(dims: Dims, rope: Rope, layers: list[LayerWeights], final_norm: np.ndarray,
-               lm_head: np.ndarray, flavour: str, float_dtype=np.float32, arch: Arch = LLAMA):
-    """Decoder layers [l, L) + final norm + LM head; takes the stacked early-exit hidden states."""
+               lm_head: np.ndarray, flavour: str, float_dtype=np.float32, arch: Arch = LLAMA,
+               features: tuple[int, int, int] | None = None):
+    """Decoder layers [l, L) + final norm + LM head; takes the stacked early-exit hidden states.
+
+    With `features` (a draft head's low, middle and high layers as hidden_states indices, the low one being
+    l) it also emits `features`: those three residual states of every row of the call, concatenated, which
+    the head drafts from. They are read off the residual stream beside the computation, so the logits are
+    the same arithmetic either way."""
     pg = PieceGraph("deep", dims, rope, flavour, float_dtype, arch)
-    x, delta = pg.decoder_layers(_hidden_input(pg), layers)
+    h_in = _hidden_input(pg)
+    first = dims.layers - len(layers)
+    taps = {} if features is None else {k: None for k in features[1:]}
+    x, delta = h_in, None
+    for g, layer in enumerate(layers, start=first):
+        x, delta = pg.decoder_layer(x, layer, delta)
+        if g + 1 in taps:  # hidden_states[g + 1]: the residual stream after layer g
+            taps[g + 1] = pg.residual(x, delta)
+    if features is not None:
+        if features[0] != first or None in taps.values():
+            raise ValueError(f"draft head features {features} do not fit deep's layers [{first}, {dims.layers})")
+        joined = pg.b.op("Concat", [h_in, *(taps[k] for k in features[1:])], axis=-1)
+        pg.b.output(joined, "features", pg.kv_dtype, ["batch", "seq", 3 * dims.hidden])
     logits = pg.lm_head(pg.add_norm(x, delta, final_norm)[0], lm_head, keep_last=True, softcap=arch.final_softcap)
     pg.b.output(logits, "logits", np.float32, ["batch", "kept", dims.vocab])
     return pg.b.model()
 
 
-def _draft_head(pg: PieceGraph, normed: str, lm_head: np.ndarray, vocab_map: np.ndarray | None) -> None:
+def _draft_head(pg: PieceGraph, normed: str, lm_head: np.ndarray, vocab_map: np.ndarray | None,
+                keep_last: bool = True) -> None:
     """A drafting piece's outputs: `logits` (over `vocab_map`'s ids in that order when pruned), the greedy
-    `top_token` as a real id and its probability `top_prob`, so a greedy draft step reads two numbers."""
+    `top_token` as a real id and its probability `top_prob`, so a greedy draft step reads two numbers.
+    `keep_last` False: `normed` holds the kept rows already."""
     b = pg.b
     head = lm_head if vocab_map is None else lm_head[vocab_map]
-    logits = pg.lm_head(normed, head, keep_last=True, softcap=pg.arch.final_softcap)
+    logits = pg.lm_head(normed, head, keep_last=keep_last, softcap=pg.arch.final_softcap)
     b.output(logits, "logits", np.float32, ["batch", "kept", head.shape[0]])
     probs = b.op("Softmax", [logits], axis=-1)
     top = b.op("ArgMax", [logits], axis=-1, keepdims=0)
@@ -460,4 +484,27 @@ def build_drafter(dims: Dims, rope: Rope, embed: np.ndarray, layers: list[LayerW
     ids = b.input("input_ids", np.int64, ["batch", "seq"])
     x, delta = pg.decoder_layers(b.op("Gather", [b.weight("embed_tokens", embed), ids], axis=0), layers)
     _draft_head(pg, pg.add_norm(x, delta, final_norm)[0], lm_head, vocab_map)
+    return b.model()
+
+
+def build_head(dims: Dims, rope: Rope, head: HeadWeights, embed: np.ndarray, lm_head: np.ndarray, flavour: str,
+               float_dtype=np.float32, vocab_map: np.ndarray | None = None):
+    """The feature-level draft head (exporter/training/head.py) as one piece with its own KV cache.
+
+    Inputs: `input_ids` (the token each slot reads) and `features` [batch, seq, 3H] (the target's low, middle
+    and high states as `deep` emits them, or [0, 0, state] for a draft slot). Outputs: the drafting pieces'
+    `logits`, `top_token` and `top_prob`, and `state`, the head's own state of the kept rows, which the
+    next draft step reads in place of the target's features."""
+    pg = PieceGraph("head", dims, rope, flavour, float_dtype)
+    b = pg.b
+    ids = b.input("input_ids", np.int64, ["batch", "seq"])
+    feats = b.input("features", pg.kv_dtype, ["batch", "seq", 3 * dims.hidden])
+    e = pg.rms_norm(b.op("Gather", [b.weight("embed_tokens", embed), ids], axis=0), head.embed_norm)
+    g = pg.rms_norm(pg.linear(feats, head.fc), head.feature_norm)
+    x = pg.linear(b.op("Concat", [e, g], axis=-1), head.proj)
+    state = pg.residual(*pg.decoder_layer(x, head.layer))
+    keep = b.input("logits_to_keep", np.int64, [1])
+    state = b.op("Slice", [state, b.op("Neg", [keep]), b.const([np.iinfo(np.int64).max]), b.const([1])])
+    b.output(state, "state", pg.kv_dtype, ["batch", "kept", dims.hidden])
+    _draft_head(pg, pg.rms_norm(state, head.output_norm), lm_head, vocab_map, keep_last=False)
     return b.model()

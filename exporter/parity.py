@@ -38,6 +38,7 @@ class PieceCheck:
     expect: dict[str, str]  # piece output -> reference tensor name
     keep_all: bool = False  # pass logits_to_keep = chunk length
     precision: str | None = None  # the piece's own, where it is not the bundle's (drafting pieces)
+    extra: Callable[[dict], dict[str, np.ndarray]] | None = None  # more inputs, as [1, seq, ...] arrays
 
 
 def relative_error(got: np.ndarray, want: np.ndarray) -> float:
@@ -53,9 +54,10 @@ def _compare(piece: OrtPiece, check: PieceCheck, ref: dict, seq: list[int], wors
              top1: dict[str, list[int]] | None) -> None:
     """Runs `piece` on `seq` in two chunks and folds the errors into `worst` (and top-1 counts into `top1`)."""
     x = check.feed(ref)
+    extra = check.extra(ref) if check.extra is not None else {}
     cut = max(1, len(seq) // 2)
     for lo, hi in ((0, cut), (cut, len(seq))):
-        out = piece.run(x[:, lo:hi], lo, keep=hi - lo)
+        out = piece.run(x[:, lo:hi], lo, keep=hi - lo, extra={k: v[:, lo:hi] for k, v in extra.items()})
         for name, ref_name in check.expect.items():
             want = ref[ref_name][:, lo:hi]
             worst[name] = max(worst.get(name, 0.0), relative_error(out[name], want))

@@ -5,6 +5,7 @@ draft-length policy, a verification rule and a schedule, and `decoder` returns t
     ar        none: one target call per token (decode.py)       -              -             -
     self      shallow + adapter (Kangaroo)                      --policy       --verify      --schedule
     model     the drafter piece, or a token tree with --tree    --policy       exact / tree  sequential
+    head      the draft head over the target's states (EAGLE-3)  --policy       --verify      sequential
     lookup    prompt lookup (copies earlier text)               its own cap    --verify      --schedule
     hier      the drafter, screened by the adapter              --policy       --verify      --schedule
     auto      per step, the drafter that promises most tokens/s --policy       --verify      --schedule
@@ -35,6 +36,7 @@ from .drafters import (
     SelfDrafter,
 )
 from .errors import SpecExportError
+from .head import HeadDrafter
 from .manifest import ManifestError, SpeculativeDefaults
 from .options import Options
 from .pearl import pearl_loop
@@ -48,9 +50,10 @@ from .verification import make_verify
 if TYPE_CHECKING:
     from .session import Session
 
-MODE_PIECES = {"self": ("adapter",), "model": ("drafter",), "hier": ("drafter", "adapter")}
+MODE_PIECES = {"self": ("adapter",), "model": ("drafter",), "head": ("head",), "hier": ("drafter", "adapter")}
 PIECE_FIXES = {"adapter": "an adapter (`specexport build --adapter auto`)",
-               "drafter": "a drafter (`specexport build --drafter DIR`, a same-tokenizer checkpoint)"}
+               "drafter": "a drafter (`specexport build --drafter DIR`, a same-tokenizer checkpoint)",
+               "head": "a draft head (`specexport build --head DIR`, trained with `specexport train-head`)"}
 
 
 def decoder(session: Session, opts: Options, ids: list[int], params: SamplingParams, rng: np.random.Generator,
@@ -142,6 +145,12 @@ def _auto(session: Session, opts: Options, stats: Stats) -> AutoDrafter:
     else:
         drafters = [SelfDrafter(p)] if p.adapter is not None else []
         drafters += [ModelDrafter(p)] if p.drafter is not None else []
+    drafters += [HeadDrafter(p)] if p.head is not None else []
+    # the recipe may narrow auto's choices per precision, from side-by-side measurements of them
+    offered = session.speculative.auto_drafters.get(session.bundle.manifest.precision)
+    if offered:
+        names = set(offered.split(","))
+        drafters = [d for d in drafters if d.name in names] or drafters
     memory = session.auto_memory.setdefault(tuple(d.name for d in drafters), AutoMemory({}))
     return AutoDrafter(drafters, _lookup(session, opts), stats, memory=memory)
 
@@ -150,6 +159,7 @@ def _auto(session: Session, opts: Options, stats: Stats) -> AutoDrafter:
 DRAFTERS: dict[str, Callable[[Session, Options, Stats], Drafter]] = {
     "self": lambda session, opts, stats: SelfDrafter(session.pieces),
     "model": lambda session, opts, stats: ModelDrafter(session.pieces),
+    "head": lambda session, opts, stats: HeadDrafter(session.pieces),
     "lookup": lambda session, opts, stats: _lookup(session, opts),
     "hier": lambda session, opts, stats: HierDrafter(session.pieces, stats),
     "auto": _auto,

@@ -2,6 +2,6 @@
 CLI can offer them as choices without loading the runtime (runtime/session.py, pearl.py and
 verification.py implement them)."""
 
-MODES = ("auto", "ar", "self", "model", "lookup", "hier")
+MODES = ("auto", "ar", "self", "model", "head", "lookup", "hier")
 SCHEDULES = ("sequential", "pearl")
 VERIFY_RULES = ("exact", "specdec")

@@ -25,6 +25,8 @@ class Pieces:
     drafter: Piece | None = None
     draft_vocab: np.ndarray | None = None  # token ids of a vocabulary-pruned adapter head (FR-Spec)
     drafter_vocab: np.ndarray | None = None  # the same for the drafter piece's head
+    head: Piece | None = None  # the feature-level draft head (runtime/head.py)
+    head_vocab: np.ndarray | None = None  # the same for the draft head's LM head
     vocab_size: int = 0
 
 

@@ -24,9 +24,9 @@ from typing import Any, Literal, Union
 
 from .errors import SpecExportError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: the draft head piece, and deep's features output for it
 MANIFEST = "manifest.json"
-PIECE_NAMES = ("shallow", "adapter", "deep", "drafter")
+PIECE_NAMES = ("shallow", "adapter", "deep", "drafter", "head")
 # the longest context of any supported family's config (Llama 3.x, Qwen3: 128k) with room to spare; a
 # larger one is a typo, and would only fail later allocating its caches
 MAX_CONTEXT = 1 << 18
@@ -145,6 +145,7 @@ class SpeculativeDefaults:
     gamma: int = 3  # most draft tokens per step
     eta: float = 0.6  # stop drafting below this draft-token probability
     auto_tree: dict[str, str] = field(default_factory=dict)  # precision -> TreeShape spec for mode auto
+    auto_drafters: dict[str, str] = field(default_factory=dict)  # precision -> auto's drafters ("tree,head")
 
     def check(self, where: str) -> None:
         if not 1 <= self.gamma <= MAX_GAMMA:
@@ -152,6 +153,11 @@ class SpeculativeDefaults:
         if not 0.0 <= self.eta <= 1.0:
             raise ManifestError(f"manifest field {where}.eta is {self.eta}, outside [0, 1]")
         # the auto_tree shapes are parsed where trees are known: runtime/assemble.py auto_trees
+        for precision, names in self.auto_drafters.items():
+            unknown = set(str(names).split(",")) - {"tree", "self", "model", "head"}
+            if unknown:
+                raise ManifestError(f"manifest field {where}.auto_drafters.{precision} names {sorted(unknown)[0]!r},"
+                                    " not one of tree, self, model, head")
 
 
 DTYPES = ("float32", "float16", "int64", "int32", "int8", "uint8", "bool")  # what the pieces' graphs take and give
@@ -207,6 +213,7 @@ class Piece:
     min_rows: int = 1  # every call runs on at least this many rows (exporter/multirow.py)
     one_row_padding: str | None = None  # piece, attention or none (exporter/multirow.py); None: before the field
     exit_layer: int | None = None  # the adapter's
+    features: tuple[int, ...] | None = None  # the head's: the target layers it drafts from (hidden_states indices)
     dims: Dims | None = None  # the drafter's own
     architecture: str | None = None  # the drafter's model_type
     attention: dict[str, Any] | None = None  # windows and RoPE tables per layer (docs/bundle-format.md)
@@ -230,6 +237,10 @@ class Piece:
         if not {"input_ids", "hidden_in"} & set(names):
             raise ManifestError(f"manifest field {where}.inputs has neither input_ids nor hidden_in, so nothing"
                                 " feeds the piece")
+        if self.features is not None and (len(self.features) != 3 or not 0 < self.features[0] < self.features[1]
+                                          < self.features[2]):
+            raise ManifestError(f"manifest field {where}.features is {list(self.features)}, not three ascending layer"
+                                " indices (low, middle, high); rebuild the bundle")
         caches = sum(1 for n in names if n.startswith("past_key."))
         if caches != self.kv.count:
             raise ManifestError(f"manifest field {where}.kv.count is {self.kv.count} but the piece takes {caches}"
@@ -360,6 +371,17 @@ class Manifest:
             if rel not in self.files:
                 raise ManifestError(f"manifest field {where} names {rel!r}, which the manifest's files table does"
                                     " not list, so its checksum cannot be verified; rebuild the bundle")
+        head = self.pieces.get("head")
+        if head is not None:
+            if head.features is None:
+                raise ManifestError("manifest field pieces.head.features is missing: a draft head names the layers it"
+                                    " drafts from; rebuild the bundle")
+            if head.features[0] != self.model.exit_layer:
+                raise ManifestError(f"manifest field pieces.head.features starts at layer {head.features[0]}, not the"
+                                    f" exit layer {self.model.exit_layer}; rebuild the bundle")
+            if not any(t.name == "features" for t in self.pieces["deep"].outputs):
+                raise ManifestError("manifest field pieces.deep.outputs has no 'features', which the head drafts"
+                                    " from; rebuild the bundle")
         unknown = [e.piece for e in self.tensorrt.engines if e.piece not in self.pieces]
         if unknown:
             raise ManifestError(f"manifest field tensorrt.engines has an engine for {unknown[0]!r}, which is not a"

@@ -21,6 +21,7 @@ from .drafters import (
     AutoMemory,
 )
 from .errors import SpecExportError
+from .head import FeatureTap
 from .options import Limits, Options, make_options
 from .policies import CostModel, measure_cost
 from .row_padding import TwoRowCalls, pad_if_needed
@@ -64,7 +65,7 @@ def _open_pieces(bundle: Bundle, backend: str, providers: list[str] | None,
         with flash_attention_off() if sensitive and name in ("shallow", "deep") else nullcontext():
             opened[name] = open_piece(name)
     pieces = Pieces(**opened, draft_vocab=bundle.draft_vocab("adapter"), drafter_vocab=bundle.draft_vocab("drafter"),
-                    vocab_size=dims.vocab)
+                    head_vocab=bundle.draft_vocab("head"), vocab_size=dims.vocab)
     min_rows = min(bundle.pieces["shallow"].min_rows, bundle.pieces["deep"].min_rows)
     # one-row calls must round as verification rows on this machine, or the session pads them itself
     padded = pad_if_needed(pieces, dims.vocab, min_rows, bundle.max_context)
@@ -72,6 +73,8 @@ def _open_pieces(bundle: Bundle, backend: str, providers: list[str] | None,
         copy = padded or bundle.pieces["deep"].one_row_padding != "none"
         pieces.shallow = SplitAtBoundary(pieces.shallow, copy)
         pieces.deep = SplitAtBoundary(pieces.deep, copy)
+    if pieces.head is not None:  # the head drafts from the target states of deep's calls (runtime/head.py)
+        pieces.deep = FeatureTap(pieces.deep)
     return pieces
 
 

@@ -191,9 +191,10 @@ class OrtPiece:
             results[name] = array
         return results
 
-    def run(self, x: np.ndarray, start: int, keep: int = 1, tree: TreeMask | None = None) -> dict[str, np.ndarray]:
+    def run(self, x: np.ndarray, start: int, keep: int = 1, tree: TreeMask | None = None,
+            extra: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         if self.device is not None:
-            return self._run_device(x, start, keep, tree)
+            return self._run_device(x, start, keep, tree, extra)
         n = x.shape[1]
         width = self.max_context
         if self._buckets is not None:
@@ -202,6 +203,8 @@ class OrtPiece:
             self._bind_caches()
         results = self._bind_results(n, keep)
         self.binding.bind_cpu_input(self.primary, x)
+        for name, value in (extra or {}).items():
+            self.binding.bind_cpu_input(name, value)
         bias = bias_spec(self.bias_input, start, n, width)
         for name, value in control_feeds(self.input_names, start, n, keep, tree, bias).items():
             self.binding.bind_cpu_input(name, value)
@@ -233,8 +236,8 @@ class OrtPiece:
         self._biases = device_biases(self.device)
         self._held: list = []  # what this call bound by address, kept alive until the next call
 
-    def _run_device(self, x: np.ndarray | DeviceStates, start: int, keep: int,
-                    tree: TreeMask | None) -> dict[str, np.ndarray | DeviceStates]:
+    def _run_device(self, x: np.ndarray | DeviceStates, start: int, keep: int, tree: TreeMask | None,
+                    extra: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray | DeviceStates]:
         n = x.shape[1]
         if self.kv_mode == "swap":
             self._bind_caches()
@@ -254,6 +257,8 @@ class OrtPiece:
             held.append(x)
         else:
             self.binding.bind_cpu_input(self.primary, x)
+        for name, value in (extra or {}).items():
+            self.binding.bind_cpu_input(name, value)
         for name, value in control_feeds(self.input_names, start, n, keep, tree).items():
             self.binding.bind_cpu_input(name, value)
         if self.bias_input is not None:

@@ -405,8 +405,10 @@ class TrtPiece:
         return self._in[name].ptr
 
     def run(self, x: np.ndarray, start: int, keep: int = 1, tree: TreeMask | None = None,
-            device_in: int | None = None, device_out: dict[str, int] | None = None) -> dict[str, np.ndarray]:
-        """`device_in`: the primary input is already at this device address (x then only gives its shape);
+            device_in: int | None = None, device_out: dict[str, int] | None = None,
+            extra: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """`extra`: more inputs by name (the draft head's features);
+        `device_in`: the primary input is already at this device address (x then only gives its shape);
         `device_out`: outputs written to these device addresses instead of the piece's own buffers (the
         host copies are still returned). Both are for runtime/backends/cuda_streams.py; by default neither is used."""
         n = x.shape[1]
@@ -418,6 +420,7 @@ class TrtPiece:
         feeds = control_feeds(self.input_names, start, n, keep, tree,
                               bias_spec(self.bias_input, start, n, slots))
         feeds[self.primary.name] = np.ascontiguousarray(x, dtype=self.primary.dtype)
+        feeds.update(extra or {})
         profile = self.profiles[index]["name"]
         for name, value in feeds.items():
             if name in self.shape_tensors:  # shape tensors are read from host memory
