@@ -77,3 +77,42 @@ def train_drafter_command(out: Path, recipe: str | None = None, model: str | Non
                          command=command, feature_layer=int(cfg["export"].get("exit_layer", 2)),
                          data=data + note, extra=extra, device=settings.get("device", "auto"))
 
+
+
+def head_settings(recipe: dict, overrides: dict | None = None):
+    """(settings, HeadTrainConfig): [head.train] with the recipe's exit layer and FR-Spec size, then `overrides`."""
+    from .fit_head import HeadTrainConfig
+
+    settings = {"exit_layer": int(recipe["export"].get("exit_layer", 2)),
+                "draft_vocab": int(recipe.get("head", {}).get("draft_vocab", 8192)),
+                "tokens": 5_000_000, **recipe.get("head", {}).get("train", {})}
+    settings.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    fields = HeadTrainConfig.__dataclass_fields__
+    return settings, HeadTrainConfig(**{k: v for k, v in settings.items() if k in fields})
+
+
+def train_head_command(out: Path, recipe: str | None = None, model: str | None = None, command: str = "",
+                       **overrides) -> dict:
+    """Self-distils a corpus of `tokens` response tokens (cached; `specexport distill` makes the same one) and
+    trains the draft head on it; settings: [head.train], then the options given."""
+    from .corpus import CorpusSettings, corpus_sequences
+    from .fit_head import train_head
+
+    cfg = load_recipe(recipe)
+    settings, train_cfg = head_settings(cfg, overrides)
+    tokens = settings["tokens"]
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens <= 0:
+        raise SpecExportError(f"--tokens must be a positive number of response tokens, not {tokens}")
+    for name in ("steps", "unroll", "tokens_per_batch"):
+        if getattr(train_cfg, name) < 1:
+            raise SpecExportError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(train_cfg, name)}")
+    device = resolve_device(settings.get("device"))
+    source = _target(cfg, model)
+    data = CorpusSettings(max_new_tokens=int(cfg.get("adapter", {}).get("train", {}).get("max_new_tokens", 128)))
+    sequences = corpus_sequences(source.checkpoint, source.origin_sha256, tokens, data, device=device,
+                                 batch_size=settings.get("batch_size"))
+    torch_model, _ = model_source.load_model(source.checkpoint)
+    described = (f"{len(sequences)} distilled responses ({sum(len(s) - p for s, p in sequences)} response tokens:"
+                 " the shipped training prompts, then requests the target wrote itself)")
+    return train_head(torch_model, sequences, train_cfg, Path(out), source.origin_sha256, command=command,
+                      data=described, device=device)
