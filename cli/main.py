@@ -164,6 +164,36 @@ def train_adapter_cmd(out, recipe, model, exit_layer, arch, steps, lr, prompt_li
                err=True)
 
 
+@main.command("distill")
+@click.option("--tokens", required=True, type=int, help="Goal: at least N response tokens of the target's own.")
+@click.option("--recipe", default=None, help="Recipe whose target and [adapter.train] response length are the"
+              " defaults.")
+@click.option("--model", default=None, help="Target checkpoint directory or .gguf (default: the recipe's source).")
+@TRAIN_DEVICE
+@click.option("--batch-size", type=int, default=None, help="Sequences per generate call (default: 32 on the CPU,"
+              " 512 on a GPU).")
+@click.option("--max-new-tokens", type=int, default=None, help="Length of each response (default: the recipe's,"
+              " 128).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the self-written requests.")
+@click.option("--threads", type=int, default=None, help="Torch threads on the CPU (default: all cores).")
+def distill_cmd(tokens, recipe, model, device, batch_size, max_new_tokens, seed, threads) -> None:
+    """Self-distillation data of a chosen size: the target's greedy responses to the shipped training prompts
+    (never Spec-Bench), then to requests it writes itself (Magpie: sampled after its chat template's user-turn
+    prefix, deduplicated), until the responses hold --tokens tokens. Cached and resumable; a re-run with the
+    same settings reuses what is there."""
+    try:
+        from ..exporter.training.corpus import distill_command
+    except ImportError as exc:
+        raise SpecExportError(f"distillation needs the exporter extra ({exc.name} is missing); install it with"
+                              " `pip install 'specexport[export]'`") from None
+    report = distill_command(tokens, recipe=recipe, model=model, device=device, batch_size=batch_size,
+                             max_new_tokens=max_new_tokens, seed=seed, threads=threads)
+    now = (f"{report.new_tokens} generated now at {report.tokens_per_second:.1f} tok/s, up to {report.max_rows}"
+           " sequences a call" if report.new_tokens else "nothing new generated")
+    click.echo(f"{report.shipped_dir} and {report.magpie_dir}: {report.sequences} sequences, {report.response_tokens}"
+               f" response tokens ({now})")
+
+
 @main.command("train-drafter")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Directory for the trained drafter.")
 @click.option("--recipe", default=None, help="Recipe whose [drafter.train] settings are the defaults.")
