@@ -29,6 +29,9 @@ from .systems import Skip, System
 WORKER = Path(__file__).with_name("ortgenai_worker.py")
 VENV_NAME = ".venv-genai"
 PRECISIONS = ("fp32", "int4", "int8")  # CPU precisions of the GenAI builder that a bundle can match
+# GenAI's own speculation on its own model, the ortgenai-ngram-* baselines: with no draft model configured,
+# GeneratorParams.set_speculative_options drafts by n-gram lookup over the prompt and the tokens so far
+NGRAM_OPTIONS = {"ngram_size": 4, "max_draft_tokens": 8}
 _HINT = "run `make bench-env` or pass --genai-python"
 
 
@@ -108,6 +111,20 @@ def build_model(python: str, found: dict, checkpoint: Path, source_key: str, pre
     return out
 
 
+def speculative_counts(stats: dict) -> tuple[int | None, int | None, int | None]:
+    """(target forward passes, drafted, accepted) of one speculative GenAI run, from the counters of
+    Generator.get_speculative_stats(). Forward passes: the plain steps where no draft was found (the prefill's
+    among them) plus the target's passes of the speculative rounds (verification, and the re-anchoring pass
+    after a round that accepted nothing). Drafted: every token proposed for verification, as specexport counts
+    its own (GenAI's acceptance_rate divides by draft_tokens_evaluated, the drafts up to the first rejected one,
+    which would flatter it). None where a counter is missing."""
+    steps = None
+    if "standard_fallback_steps" in stats and "target_forward_passes" in stats:
+        steps = int(stats["standard_fallback_steps"]) + int(stats["target_forward_passes"])
+    drafted, accepted = stats.get("draft_tokens_proposed"), stats.get("draft_tokens_accepted")
+    return steps, None if drafted is None else int(drafted), None if accepted is None else int(accepted)
+
+
 def process_cpu_s(pid: int) -> float:
     """User plus system CPU seconds of a running process of this machine (Linux: /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -119,11 +136,14 @@ class OrtGenAISystem(System):
     time (`generate`), or several together through GenAI's Engine (`generate_batch`, up to `max_batch`).
     Threads may share it; each call holds the worker until its answer is complete. `spinning` False keeps the
     decoder's idle intra-op threads from spin-waiting, as specexport's own sessions do; None leaves GenAI's
-    default (spinning)."""
+    default (spinning). `speculative` (GenAI's speculative options, such as NGRAM_OPTIONS) makes it GenAI's own
+    speculative decoding, named ortgenai-ngram-PRECISION: still greedy and on the same model, with its forward
+    passes, drafted and accepted tokens read from GenAI's statistics (single requests only)."""
 
     def __init__(self, checkpoint: Path | None, eos_ids: set[int], precision: str = "fp32",
                  threads: int | None = None, python: str | None = None, source_key: str = "",
-                 log: Callable[[str], None] = print, max_batch: int = 1, spinning: bool | None = None) -> None:
+                 log: Callable[[str], None] = print, max_batch: int = 1, spinning: bool | None = None,
+                 speculative: dict | None = None) -> None:
         self.checkpoint = checkpoint
         self.eos_ids = eos_ids
         self.precision = precision
@@ -133,9 +153,12 @@ class OrtGenAISystem(System):
         self.log = log
         self.max_batch = max_batch
         self.spinning = spinning
+        self.speculative = dict(speculative) if speculative else None
         self.lock = threading.Lock()
         self.name = f"ortgenai-{precision}"
         self.label = f"ORT GenAI {precision}"
+        if self.speculative:
+            self.name, self.label, self.mode = f"ortgenai-ngram-{precision}", f"ORT GenAI n-gram {precision}", "ngram"
         self.proc: subprocess.Popen | None = None
         self.versions: dict | None = None
 
@@ -148,7 +171,8 @@ class OrtGenAISystem(System):
         path = build_model(python, found, self.checkpoint, self.source_key, self.precision, self.log)
         threads = self.threads or 0  # 0: ONNX Runtime's default, one per core
         self.stderr = open(path.with_name(path.name + ".worker.log"), "w")  # closed in close()
-        settings = {"max_batch": self.max_batch, **({} if self.spinning is None else {"spinning": self.spinning})}
+        settings = {"max_batch": self.max_batch, **({} if self.spinning is None else {"spinning": self.spinning}),
+                    **({"speculative": self.speculative} if self.speculative else {})}
         cmd = [python, str(WORKER), "serve", str(path), str(threads), json.dumps(settings)]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
                                      bufsize=1)
@@ -158,8 +182,10 @@ class OrtGenAISystem(System):
             raise Skip(f"ONNX Runtime GenAI could not load {path}: {hello['error']}")
         self.versions = hello["versions"]
         spin = "" if self.spinning is None else f", spinning {'on' if self.spinning else 'off'}"
+        spec = ("" if not self.speculative else ", speculative options: "
+                + ", ".join(f"{k} {v}" for k, v in self.speculative.items()))
         self.note = (f"onnxruntime-genai {found['onnxruntime-genai']} (onnxruntime {found['onnxruntime']}) in"
-                     f" {python}, intra-op threads: {threads or 'default'}{spin}, model {path}")
+                     f" {python}, intra-op threads: {threads or 'default'}{spin}{spec}, model {path}")
 
     def _read(self) -> dict:
         line = self.proc.stdout.readline()
@@ -180,6 +206,10 @@ class OrtGenAISystem(System):
         if "error" in answer:
             raise RuntimeError(f"ONNX Runtime GenAI failed: {answer['error']}")
         tokens, reason = answer["tokens"], answer["finish_reason"]
+        if self.speculative:
+            steps, drafted, accepted = speculative_counts(answer.get("speculative") or {})
+            return RunResult(tokens, answer["seconds"], steps=steps, drafted=drafted, accepted=accepted,
+                             finish_reason=reason)
         # plain autoregressive decoding: one forward pass per token, the EOS's included
         return RunResult(tokens, answer["seconds"], steps=len(tokens) + (reason == "eos"), finish_reason=reason)
 

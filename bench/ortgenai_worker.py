@@ -6,10 +6,14 @@ ours). It imports only the standard library and onnxruntime_genai, never specexp
         prints one JSON object: the versions of the packages that matter in this interpreter
     python ortgenai_worker.py serve MODEL_DIR THREADS [SETTINGS]
         SETTINGS, JSON: {"max_batch": N} sizes the Engine's static batches, {"spinning": false} keeps the
-        decoder's idle intra-op threads from spinning
+        decoder's idle intra-op threads from spinning, {"speculative": {"ngram_size": 4, ...}} turns on
+        GenAI's own speculation for single requests (GeneratorParams.set_speculative_options; n-gram lookup
+        over the sequence when no draft model is configured)
         prints {"ready": ...} (or {"error": ...}), then answers one JSON request per stdin line,
         {"ids": [...], "max_new_tokens": N, "eos": [...], "ignore_eos": false}, with
-        {"tokens": [...], "seconds": S, "finish_reason": "eos"|"length"} (or {"error": ...});
+        {"tokens": [...], "seconds": S, "finish_reason": "eos"|"length"} (or {"error": ...}), plus
+        "speculative": the counters of Generator.get_speculative_stats() named in SPECULATIVE_COUNTERS when
+        speculation is on;
         and a batch, {"batch": [{"ids": [...], "max_new_tokens": N}, ...], "eos": [...]}, run together through
         GenAI's Engine, with one line per request as it finishes, {"index": K, "tokens": [...], "seconds": S,
         "finish_reason": ...} (S from the batch's start), then {"batch_done": true, "seconds": S}
@@ -28,6 +32,10 @@ import sys
 import time
 
 PACKAGES = ("onnxruntime-genai", "onnxruntime", "transformers", "torch", "onnx", "onnx-ir", "numpy")
+# what the bench turns into forward passes, drafted and accepted tokens (bench/ortgenai.py speculative_counts);
+# the rest of GenAI's statistics (timings, histograms) stay in the worker
+SPECULATIVE_COUNTERS = ("rounds", "standard_fallback_steps", "target_forward_passes", "draft_tokens_proposed",
+                        "draft_tokens_evaluated", "draft_tokens_accepted", "tokens_emitted")
 
 
 def versions() -> dict:
@@ -40,12 +48,18 @@ def versions() -> dict:
     return out
 
 
-def generate(og, model, ids: list[int], max_new_tokens: int, eos: set[int], ignore_eos: bool = False) -> dict:
-    """Greedy from `ids`; with `ignore_eos`, EOS is held off (GenAI's min_length) so the run is max_new_tokens."""
+def generate(og, model, ids: list[int], max_new_tokens: int, eos: set[int], ignore_eos: bool = False,
+             speculative: dict | None = None) -> dict:
+    """Greedy from `ids`; with `ignore_eos`, EOS is held off (GenAI's min_length) so the run is max_new_tokens.
+    With `speculative`, GenAI drafts and verifies on its own: the generator still hands out one token per
+    generate_next_token call (the accepted ones are buffered), so the loop is the same, and its statistics are
+    read once the clock has stopped."""
     t0 = time.perf_counter()
     params = og.GeneratorParams(model)
     params.set_search_options(do_sample=False, max_length=len(ids) + max_new_tokens,
                               min_length=len(ids) + max_new_tokens if ignore_eos else 0)
+    if speculative:
+        params.set_speculative_options(**speculative)
     gen = og.Generator(model, params)
     gen.append_tokens(list(ids))
     tokens: list[int] = []
@@ -58,8 +72,12 @@ def generate(og, model, ids: list[int], max_new_tokens: int, eos: set[int], igno
             break
         tokens.append(token)
     seconds = time.perf_counter() - t0
+    out = {"tokens": tokens, "seconds": seconds, "finish_reason": reason}
+    if speculative:
+        stats = gen.get_speculative_stats()
+        out["speculative"] = {k: stats[k] for k in SPECULATIVE_COUNTERS if k in stats}
     del gen
-    return {"tokens": tokens, "seconds": seconds, "finish_reason": reason}
+    return out
 
 
 def generate_batch(og, engine, batch: list[dict], eos: set[int], send) -> None:
@@ -124,6 +142,8 @@ def serve(model_dir: str, threads: int, settings: dict | None = None) -> int:
         if settings.get("max_batch", 1) > 1:  # the Engine's static batches hold 4 requests unless told otherwise
             overlay["engine"] = {"static_batching": {"max_batch_size": int(settings["max_batch"])}}
         config.overlay(json.dumps(overlay))
+        if settings.get("speculative") and not hasattr(og.GeneratorParams, "set_speculative_options"):
+            raise RuntimeError("this onnxruntime-genai has no GeneratorParams.set_speculative_options (0.18 has)")
         model = og.Model(config)
     except Exception as exc:  # reported to the bench, which turns it into a skip reason
         send({"error": f"{type(exc).__name__}: {exc}"})
@@ -136,6 +156,9 @@ def serve(model_dir: str, threads: int, settings: dict | None = None) -> int:
         try:
             req = json.loads(line)
             if "batch" in req:
+                if settings.get("speculative"):  # the Engine takes its drafts per request, not from these settings
+                    raise ValueError("this worker speculates on single requests only; start one without"
+                                     " 'speculative' for batches")
                 engine = engine or og.Engine(model)
                 try:
                     generate_batch(og, engine, req["batch"], set(req["eos"]), send)
@@ -144,7 +167,7 @@ def serve(model_dir: str, threads: int, settings: dict | None = None) -> int:
                     raise
             else:
                 send(generate(og, model, req["ids"], int(req["max_new_tokens"]), set(req["eos"]),
-                              bool(req.get("ignore_eos"))))
+                              bool(req.get("ignore_eos")), settings.get("speculative")))
         except Exception as exc:
             send({"error": f"{type(exc).__name__}: {exc}"})
     return 0

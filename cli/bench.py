@@ -43,8 +43,10 @@ def register(main: click.Group) -> None:
     @click.option("--baselines", default="hf,hf-lookup,ortgenai", show_default=True,
                   help="Peers to run in the same pass: hf (transformers generate, PyTorch fp32), hf-lookup"
                   " (its prompt lookup, 10 tokens), ortgenai (ONNX Runtime GenAI fp32 through its own model"
-                  " builder, plus int4/int8 when the bundle is), ortgenai-fp32, ortgenai-int4, ortgenai-int8;"
-                  " 'none' for none.")
+                  " builder, plus int4/int8 when the bundle is), ortgenai-fp32, ortgenai-int4, ortgenai-int8,"
+                  " ortgenai-ngram-fp32, ortgenai-ngram-int4, ortgenai-ngram-int8 (GenAI's own n-gram speculation,"
+                  " ngram_size 4, up to 8 drafts; beside ortgenai-P the report adds each mode against the faster of"
+                  " the two per question); 'none' for none.")
     @click.option("--out", type=click.Path(path_type=Path), default=None,
                   help="Report directory (default: reports/<bundle directory name>).")
     @click.option("--threads", type=int, default=None, help="Intra-op threads of every system alike (the bundle's"
