@@ -7,7 +7,7 @@ BUNDLE_INT4 ?= bundles/smollm2-int4
 PROMPT ?= Explain how a hash table works.
 export SPECEXPORT_CACHE ?= $(CURDIR)/.cache
 
-.PHONY: setup demo test test-lossless lint bench bench-int4 bench-env bench-bar soak serve-soak clean
+.PHONY: setup demo test test-lossless lint bench bench-int4 bench-env bench-bar soak serve-soak gpu-stage clean
 
 $(BIN)/specexport: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -93,6 +93,20 @@ soak: setup $(BUNDLE)/manifest.json
 # among them, the server's RSS and open fds every 100, SIGTERM at the end (tools/serve_soak.py)
 serve-soak: setup $(BUNDLE)/manifest.json
 	$(BIN)/python tools/serve_soak.py --bundle $(BUNDLE) --requests 1000 --out reports/serve-soak.json
+
+# -- the draft heads' training on a lent GPU (tools/gpu/train.sh) -----------------------------------------------
+# A device call carries 64 MiB, the tracked tree about 33 of it: the default model's 98 MB GGUF goes in chunks of
+# GPU_CHUNK, one call each (carry gpu-stage/model.gguf.part-NN, plus gpu-stage/site on the first), into the
+# git-ignored gpu-stage/ that stays on the machine while it is warm; then one call runs `bash tools/gpu/train.sh`.
+GPU_CHUNK ?= 26M
+gpu-stage: setup
+	rm -rf gpu-stage && mkdir -p gpu-stage/site
+	split -b $(GPU_CHUNK) -d $$($(BIN)/python -c "from specexport.exporter import model_source as m; \
+		from specexport.exporter.recipe import load_recipe; print(m.recipe_model_file(load_recipe(None)['source']))") \
+		gpu-stage/model.gguf.part-
+	# transformers reads GGUF through the pure-Python gguf package, which the GPU machine lacks
+	cp -r $$($(BIN)/python -c "import gguf, os; print(os.path.dirname(gguf.__file__))") gpu-stage/site/
+	ls -l gpu-stage
 
 clean:
 	rm -rf bundles reports

@@ -17,6 +17,8 @@ def register(main: click.Group) -> None:
     @click.option("--recipe", default=None, help="Recipe whose [head.train] settings are the defaults.")
     @click.option("--model", default=None, help="Target checkpoint directory or .gguf (default: the recipe's"
                   " source).")
+    @click.option("--exit-layer", type=int, default=None, help="The bundle's exit layer: the head's low feature"
+                  " layer (default: the recipe's).")
     @click.option("--tokens", type=int, default=None, help="Response tokens of self-distilled data to train on"
                   " (made and cached first where missing, as `specexport distill` does). Default: the recipe's.")
     @click.option("--steps", type=int, default=None, help="Optimizer steps.")
@@ -29,7 +31,7 @@ def register(main: click.Group) -> None:
     @click.option("--batch-size", type=int, default=None, help="Sequences per generate call while distilling.")
     @click.option("--seed", type=int, default=None, help="Seed for data order and initialisation.")
     @TRAIN_DEVICE
-    def train_head_cmd(out, recipe, model, tokens, steps, lr, tokens_per_batch, unroll, draft_vocab, batch_size,
+    def train_head_cmd(out, recipe, model, exit_layer, tokens, steps, lr, tokens_per_batch, unroll, draft_vocab, batch_size,
                        seed, device) -> None:
         """Train the feature-level draft head (EAGLE-3's shape): the target's low, middle and high states and the
         next token's embedding through one decoder layer to the FR-Spec LM head, with training-time test.
@@ -39,7 +41,7 @@ def register(main: click.Group) -> None:
         except ImportError as exc:
             raise SpecExportError(f"training needs the exporter extra ({exc.name} is missing); install it with"
                                   " `pip install 'specexport[export]'`") from None
-        meta = train_head_command(out, recipe=recipe, model=model, tokens=tokens, steps=steps, lr=lr,
+        meta = train_head_command(out, recipe=recipe, model=model, exit_layer=exit_layer, tokens=tokens, steps=steps, lr=lr,
                                   tokens_per_batch=tokens_per_batch, unroll=unroll, draft_vocab=draft_vocab,
                                   batch_size=batch_size, seed=seed, device=device, command=_command())
         held = meta["heldout"]

@@ -78,6 +78,10 @@ def main() -> None:
               help="Independent drafter piece: 'auto' uses the recipe's shipped drafter when it was trained for"
               " this model, else builds without; 'none'; a directory written by `specexport train-drafter`; or a"
               " Hugging Face Llama-family checkpoint directory with the target's tokenizer.")
+@click.option("--head", default="auto", show_default=True,
+              help="Feature-level draft head: 'auto' uses the recipe's shipped head when it was trained for this"
+              " model and exit layer, else builds without; 'none'; or a directory written by"
+              " `specexport train-head`.")
 @click.option("--force", is_flag=True, help="Replace an existing bundle at --out.")
 @click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]), default=None,
               help="tensorrt: fp16 standard-flavour pieces, checked against --target's TensorRT, with a build plan,"
@@ -89,8 +93,8 @@ def main() -> None:
               " scripts but build no engines (no TensorRT or GPU needed); build them on the device with"
               " `specexport engines build`.")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON on stdout.")
-def build(out, recipe, model, exit_layer, context, flavour, precision, drafting_precision, adapter, drafter, force,
-          backend, target, plan_only, as_json) -> None:
+def build(out, recipe, model, exit_layer, context, flavour, precision, drafting_precision, adapter, drafter, head,
+          force, backend, target, plan_only, as_json) -> None:
     """Build a bundle: load the model, cut and export its pieces, check them against PyTorch."""
     try:
         from ..exporter.build import build_bundle
@@ -100,7 +104,7 @@ def build(out, recipe, model, exit_layer, context, flavour, precision, drafting_
     manifest = build_bundle(out, recipe=recipe, model=model, exit_layer=exit_layer, context=context,
                             flavour=flavour, force=force, adapter=adapter, command=_command(), backend=backend,
                             target=target, plan_only=plan_only, precision=precision, drafter=drafter,
-                            drafting_precision=drafting_precision)
+                            drafting_precision=drafting_precision, head=head)
     if as_json:
         click.echo(manifest.to_json(), nl=False)
     else:
@@ -355,9 +359,10 @@ def inspect(bundle, as_json) -> None:
 
 def _register_subcommands() -> None:
     # each module defines its commands lazily-importing what they need, so `--help` stays fast
-    from . import bench, doctor, serve, tensorrt
+    from . import bench, doctor, head, serve, tensorrt
 
     bench.register(main)
+    head.register(main)
     doctor.register(main)
     serve.register(main)
     tensorrt.register(main)
