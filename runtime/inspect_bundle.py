@@ -26,6 +26,8 @@ def inspect_bundle(root: Path) -> dict:
             "inputs": p["inputs"], "outputs": p["outputs"], "parity": spec.parity,
             # a drafting piece may be quantized in a float bundle (the recipe's [export.drafting_precision])
             "weights": f"int{spec.quantization['bits']}" if spec.quantization else plain["graph"]["precision"],
+            "features": p.get("features"),  # the draft head's: the target layers it drafts from
+            "heldout": (spec.training or {}).get("heldout"),  # a trained drafting piece's held-out agreement
         }
     return {
         "bundle": str(root), "name": manifest.name, "schema_version": manifest.schema_version,
@@ -58,6 +60,11 @@ def render(report: dict) -> str:
             errs = ", ".join(f"{k} {v:.1e}" for k, v in p["parity"]["max_relative_error"].items())
             parity = f"; parity {errs} (tol {p['parity']['tolerance']:.0e})"
         layers = f" layers [{p['layers'][0]}, {p['layers'][1]})" if p["layers"] else ""
+        if p.get("features"):
+            layers = f" reads layers {', '.join(map(str, p['features']))}"
+        held = p.get("heldout") or {}
+        if held.get("agreement_by_position"):  # the head's, per draft position
+            parity += "; held-out agreement " + ", ".join(f"{a:.0%}" for a in held["agreement_by_position"])
         lines.append(f"  {name:<8} {p['file']}{layers}, {p['weights']} weights, {p['bytes'] / 1e6:.1f} MB,"
                      f" {p['kv_count']} KV caches ({p['kv_mode']}){parity}")
         inputs = [t for t in p["inputs"] if not t["name"].startswith("past_")]

@@ -13,7 +13,7 @@
 # a stage cut short keeps what it made. Results go to $OUT (the device tool brings that folder back):
 # head/, adapter/, drafter/ (weights and metadata) and train.log.
 #
-# On this CPU, end to end with a tiny model (tests/test_gpu_script.py does it):
+# On this CPU, end to end with a tiny model (tests/conftest.py: make_tiny_checkpoint):
 #   PY=.venv/bin/python MODEL=/path/to/tiny-ckpt EXIT_LAYER=1 DEVICE=cpu TOKENS=3000 HEAD_STEPS=20 \
 #       HEAD_BATCH=1024 SIDE_STEPS=10 bash tools/gpu/train.sh
 set -euo pipefail
