@@ -182,3 +182,19 @@ def test_inspect_shows_the_head(bundles):
 
     report = inspect_bundle(Path(bundles["int8"]))
     assert "head" in report["pieces"]
+
+
+def test_tensorrt_plan_checks_and_profiles_the_head(trained, tiny_checkpoint, tmp_path):
+    """A TensorRT bundle (fp16 standard flavour, plan only) passes the operator check with its head, plans the
+    head's engine with profiles for its features input, and drafts losslessly on ONNX Runtime's CPU."""
+    manifest = build_bundle(tmp_path / "trt", model=str(tiny_checkpoint), exit_layer=EXIT, context=128,
+                            adapter="none", head=str(trained[2]), backend="tensorrt", target="orin-nano",
+                            plan_only=True).to_dict()
+    trt = manifest["tensorrt"]
+    assert trt["opcheck"]["ok"] and trt["opcheck"]["nodes"]["head"] > 0
+    profiles = {p["name"]: p["shapes"]["features"] for p in trt["plan"]["head"]["profiles"]}
+    assert profiles["decode"]["max"] == [1, 1, 3 * 64] and profiles["prefill"]["max"] == [1, 128, 3 * 64]
+    assert (tmp_path / "trt" / trt["plan"]["head"]["script"]).is_file()
+    session = load(tmp_path / "trt", threads=1)
+    ar = session.generate("hash table", max_new_tokens=32, mode="ar").tokens
+    assert session.generate("hash table", max_new_tokens=32, mode="head").tokens == ar
