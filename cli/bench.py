@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from .options import EXPECT_DIGEST
+from .options import EXPECT_DIGEST, command_line
 
 
 def _csv(value: str | None) -> list[str] | None:
@@ -87,7 +87,7 @@ def register(main: click.Group) -> None:
                           max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens, modes=_csv(modes),
                           schedules=_csv(schedules), policies=_csv(policies), trees=_csv(trees),
                           baselines=_csv(baselines) or [], warmup=not no_warmup, repeats=repeats, memory=not no_memory,
-                          threads=threads, genai_python=genai_python, command=" ".join(["specexport", *sys.argv[1:]]),
+                          threads=threads, genai_python=genai_python, command=command_line(),
                           expect_digest=expect_digest, ignore_eos=ignore_eos)
         bar = tqdm(total=0, unit="run", file=sys.stderr, dynamic_ncols=True, disable=None)
 

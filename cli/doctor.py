@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from .options import command_line
 from .process import EXIT_USAGE, fail
 
 BACKEND_CHOICES = ("tensorrt", "ort-cuda")
@@ -73,7 +74,7 @@ def doctor(out, bundle, no_tiny, backends, max_new_tokens, prompts, as_json) -> 
     try:
         report = run_doctor(out, bundle=bundle, tiny=not no_tiny, backends=list(backends) or list(GPU_BACKENDS),
                             prompts=list(prompts) or list(PROMPTS), max_new_tokens=max_new_tokens,
-                            on_check=progress, command=" ".join(["specexport", *sys.argv[1:]]))
+                            on_check=progress, command=command_line())
     finally:
         bar.close()
     if as_json:

@@ -7,11 +7,10 @@ from pathlib import Path
 import click
 
 from ..runtime.errors import SpecExportError
+from .options import TRAIN_DEVICE, command_line
 
 
 def register(main: click.Group) -> None:
-    from .main import TRAIN_DEVICE, _command
-
     @main.command("train-head")
     @click.option("--out", required=True, type=click.Path(path_type=Path), help="Directory for the trained head.")
     @click.option("--recipe", default=None, help="Recipe whose [head.train] settings are the defaults.")
@@ -31,8 +30,8 @@ def register(main: click.Group) -> None:
     @click.option("--batch-size", type=int, default=None, help="Sequences per generate call while distilling.")
     @click.option("--seed", type=int, default=None, help="Seed for data order and initialisation.")
     @TRAIN_DEVICE
-    def train_head_cmd(out, recipe, model, exit_layer, tokens, steps, lr, tokens_per_batch, unroll, draft_vocab, batch_size,
-                       seed, device) -> None:
+    def train_head_cmd(out, recipe, model, exit_layer, tokens, steps, lr, tokens_per_batch, unroll, draft_vocab,
+                       batch_size, seed, device) -> None:
         """Train the feature-level draft head (EAGLE-3's shape): the target's low, middle and high states and the
         next token's embedding through one decoder layer to the FR-Spec LM head, with training-time test.
         Held-out agreement per draft position is printed and saved; build it in with `specexport build --head`."""
@@ -41,9 +40,9 @@ def register(main: click.Group) -> None:
         except ImportError as exc:
             raise SpecExportError(f"training needs the exporter extra ({exc.name} is missing); install it with"
                                   " `pip install 'specexport[export]'`") from None
-        meta = train_head_command(out, recipe=recipe, model=model, exit_layer=exit_layer, tokens=tokens, steps=steps, lr=lr,
-                                  tokens_per_batch=tokens_per_batch, unroll=unroll, draft_vocab=draft_vocab,
-                                  batch_size=batch_size, seed=seed, device=device, command=_command())
+        meta = train_head_command(out, recipe=recipe, model=model, exit_layer=exit_layer, tokens=tokens, steps=steps,
+                                  lr=lr, tokens_per_batch=tokens_per_batch, unroll=unroll, draft_vocab=draft_vocab,
+                                  batch_size=batch_size, seed=seed, device=device, command=command_line())
         held = meta["heldout"]
         by = ", ".join(f"{a:.1%}" for a in held["agreement_by_position"])
         click.echo(f"wrote {out}: held-out agreement by draft position {by} (first draft before training"

@@ -14,7 +14,7 @@ from ..runtime.choices import MODES, SCHEDULES, VERIFY_RULES
 from ..runtime.errors import SpecExportError
 from ..runtime.options import OptionError
 from . import process
-from .options import EXPECT_DIGEST
+from .options import EXPECT_DIGEST, TRAIN_DEVICE, command_line
 from .process import EXIT_USAGE, fail
 
 
@@ -102,7 +102,7 @@ def build(out, recipe, model, exit_layer, context, flavour, precision, drafting_
         raise SpecExportError(f"building needs the exporter extra ({exc.name} is missing); install it with"
                               " `pip install 'specexport[export]'`") from None
     manifest = build_bundle(out, recipe=recipe, model=model, exit_layer=exit_layer, context=context,
-                            flavour=flavour, force=force, adapter=adapter, command=_command(), backend=backend,
+                            flavour=flavour, force=force, adapter=adapter, command=command_line(), backend=backend,
                             target=target, plan_only=plan_only, precision=precision, drafter=drafter,
                             drafting_precision=drafting_precision, head=head)
     if as_json:
@@ -118,19 +118,11 @@ def build(out, recipe, model, exit_layer, context, flavour, precision, drafting_
                        f" `specexport engines build {out}` or sh {out}/tensorrt/build_all.sh", err=True)
 
 
-def _command() -> str:
-    return " ".join(["specexport", *sys.argv[1:]])
-
-
 EXTRA_DATA = click.option("--extra-data", multiple=True, type=click.Path(path_type=Path),
                           help="More distilled responses for training only: a directory of shards"
                           " (tools/experiments/genai_distill.py). Repeatable.")
 
 
-TRAIN_DEVICE = click.option(
-    "--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
-    help="Where distillation and training run: auto takes a CUDA GPU when PyTorch sees one (bf16 or fp16"
-         " autocast, fp32 weights), else the CPU (fp32).")
 
 
 @main.command("train-adapter")
@@ -162,7 +154,7 @@ def train_adapter_cmd(out, recipe, model, exit_layer, arch, steps, lr, prompt_li
     meta = train_adapter_command(out, recipe=recipe, model=model, exit_layer=exit_layer, arch=arch, steps=steps,
                                  lr=lr, prompt_limit=prompt_limit, max_new_tokens=max_new_tokens,
                                  draft_vocab=draft_vocab, seed=seed, device=device, extra_data=extra_data,
-                                 command=_command())
+                                 command=command_line())
     click.echo(f"wrote {out}: held-out top-1 agreement {meta['heldout']['agreement']:.1%} (before training"
                f" {meta['heldout_before']['agreement']:.1%}, raw early exit {meta['raw_exit_agreement']:.1%})",
                err=True)
@@ -226,7 +218,7 @@ def train_drafter_cmd(out, recipe, model, layers, hidden, steps, lr, prompt_limi
                               " `pip install 'specexport[export]'`") from None
     meta = train_drafter_command(out, recipe=recipe, model=model, layers=layers, hidden=hidden, steps=steps, lr=lr,
                                  prompt_limit=prompt_limit, draft_vocab=draft_vocab, seed=seed, threads=threads,
-                                 device=device, extra_data=extra_data, command=_command())
+                                 device=device, extra_data=extra_data, command=command_line())
     click.echo(f"wrote {out}: held-out top-1 agreement {meta['heldout']['agreement']:.1%} (before training"
                f" {meta['heldout_before']['agreement']:.1%}; {meta['parameters'] / 1e6:.1f}M parameters)", err=True)
 
