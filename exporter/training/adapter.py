@@ -100,25 +100,35 @@ class Adapter(nn.Module):
                     put(getattr(self, f"{name}_proj").weight, getattr(layer, name))
             put(self.output_norm.weight, final_norm(model))
 
-    def hidden(self, h: torch.Tensor) -> torch.Tensor:
-        """[batch, seq, hidden] early-exit states -> the adapter's final normed states (causal)."""
+    def qkv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """q and k, v (KV heads repeated) as [batch, heads, seq, head_dim] of the residual stream x, rotated at
+        `positions` [seq]."""
         cfg = self.cfg
-        b, s, _ = h.shape
-        x = self.input_norm(h)
-        q = self.q_proj(x).view(b, s, cfg.heads, cfg.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, s, cfg.kv_heads, cfg.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, s, cfg.kv_heads, cfg.head_dim).transpose(1, 2)
-        angles = torch.arange(s, dtype=torch.float32, device=h.device)[:, None] * self.inv_freq[None, :]
+        b, s, _ = x.shape
+        y = self.input_norm(x)
+        q = self.q_proj(y).view(b, s, cfg.heads, cfg.head_dim).transpose(1, 2)
+        k = self.k_proj(y).view(b, s, cfg.kv_heads, cfg.head_dim).transpose(1, 2)
+        v = self.v_proj(y).view(b, s, cfg.kv_heads, cfg.head_dim).transpose(1, 2)
+        angles = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
         cos, sin = angles.cos() * self.rope_scaling, angles.sin() * self.rope_scaling
         q, k = rope(q, cos, sin), rope(k, cos, sin)
         group = cfg.heads // cfg.kv_heads
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = h + self.o_proj(attn.transpose(1, 2).reshape(b, s, cfg.heads * cfg.head_dim))
-        if cfg.arch == "block":
+        return q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+
+    def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """The residual stream x after attention's output `attn` [batch, heads, seq, head_dim] (and the MLP of
+        a block), before the output norm."""
+        b, _, s, _ = attn.shape
+        x = x + self.o_proj(attn.transpose(1, 2).reshape(b, s, self.cfg.heads * self.cfg.head_dim))
+        if self.cfg.arch == "block":
             y = self.post_norm(x)
             x = x + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y))
-        return self.output_norm(x)
+        return x
+
+    def hidden(self, h: torch.Tensor) -> torch.Tensor:
+        """[batch, seq, hidden] early-exit states -> the adapter's final normed states (causal)."""
+        q, k, v = self.qkv(h, torch.arange(h.shape[1], device=h.device))
+        return self.output_norm(self.finish(h, F.scaled_dot_product_attention(q, k, v, is_causal=True)))
 
     def graph_weights(self) -> tuple[AdapterWeights, LayerWeights | None]:
         def np_(t):

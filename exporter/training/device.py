@@ -57,3 +57,14 @@ def resolve_device(spec: str | Device | None = "auto") -> Device:
                               " driver); install a CUDA build of torch, or use --device cpu")
     device = torch.device("cuda", torch.cuda.current_device())
     return Device(device, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
+
+
+def optimizer_step(opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler, loss: torch.Tensor, module,
+                   max_norm: float = 1.0) -> None:
+    """One update of `module`: backward through the scaler, gradients unscaled and clipped to `max_norm`."""
+    opt.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    scaler.unscale_(opt)
+    torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm)
+    scaler.step(opt)
+    scaler.update()

@@ -27,7 +27,7 @@ from ...runtime.errors import SpecExportError
 from ...runtime.paths import cache_dir
 from ..hf_weights import dims_of, rope_inv_freq
 from .adapter import Adapter, AdapterConfig
-from .device import Device, resolve_device
+from .device import Device, optimizer_step, resolve_device
 
 ADAPTER_FILE = "adapter.safetensors"
 META_FILE = "adapter.json"
@@ -291,12 +291,7 @@ def train(model, sequences: list[tuple[np.ndarray, int]], cfg: TrainConfig, out_
             h, hf, target = _batch(feats, batch, dev.torch)
             with dev.autocast():
                 loss, agree = soft_ce(adapter, lm_head, h, hf, target, vocab, exact=False)
-            opt.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.unscale_(opt)
-            torch.nn.utils.clip_grad_norm_(adapter.parameters(), 1.0)
-            scaler.step(opt)
-            scaler.update()
+            optimizer_step(opt, scaler, loss, adapter)
             step += 1
             bar.update()
             bar.set_postfix(loss=f"{loss.item():.3f}", top1=f"{float(agree.mean()):.1%}")

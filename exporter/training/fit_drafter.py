@@ -24,7 +24,7 @@ from torch.nn import functional as F
 from tqdm import tqdm
 
 from ...runtime.errors import SpecExportError
-from .device import Device, resolve_device
+from .device import Device, optimizer_step, resolve_device
 from .fit_adapter import (
     Features,
     _batches,
@@ -217,12 +217,7 @@ def train_drafter(model, sequences: list[tuple[np.ndarray, int]], cfg: DrafterTr
                 group["lr"] = cosine_lr(step, cfg.lr, cfg.warmup, cfg.steps)
             with dev.autocast():
                 loss, agree = soft_ce(drafter, embed, teacher, make_batch(sequences, feats, idx, dev.torch))
-            opt.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.unscale_(opt)
-            torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-            scaler.step(opt)
-            scaler.update()
+            optimizer_step(opt, scaler, loss, drafter)
             step += 1
             bar.update()
             recent.append((loss.item(), float(agree.mean())))

@@ -30,7 +30,7 @@ from tqdm import tqdm
 from ...runtime.errors import SpecExportError
 from ...runtime.paths import cache_dir
 from ..hf_weights import dims_of, embedding, rope_inv_freq
-from .device import Device, resolve_device
+from .device import Device, optimizer_step, resolve_device
 from .fit_adapter import _seq_digest, cosine_lr, pruned_vocab, response_counts, split_holdout
 from .head import DraftHead, HeadConfig
 
@@ -293,12 +293,7 @@ def train_head(model, sequences: list[tuple[np.ndarray, int]], cfg: HeadTrainCon
             tensors = teacher.batch(batch)
             with dev.autocast():
                 loss, hits, valid = ttt_loss(head, embed, lm_head, vocab, tensors, cfg.unroll, cfg.decay)
-            opt.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.unscale_(opt)
-            torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-            scaler.step(opt)
-            scaler.update()
+            optimizer_step(opt, scaler, loss, head)
             step += 1
             seen += int(valid[0].sum())
             bar.update()
