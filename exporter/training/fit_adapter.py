@@ -150,6 +150,11 @@ def response_counts(sequences: list[tuple[np.ndarray, int]], idx: list[int], voc
     return counts
 
 
+def response_tokens(sequences: list[tuple[np.ndarray, int]], idx: list[int]) -> int:
+    """The response tokens of the sequences `idx`: what a training step learns from, for curves over tokens."""
+    return int(sum(len(sequences[j][0]) - sequences[j][1] for j in idx))
+
+
 def cosine_lr(step: int, lr: float, warmup: int, steps: int) -> float:
     """Linear warm-up over `warmup` steps, then cosine decay to 0 at `steps`."""
     if step < warmup:
@@ -281,6 +286,7 @@ def train(model, sequences: list[tuple[np.ndarray, int]], cfg: TrainConfig, out_
     if step == 0:
         history.append({"step": 0, "eval": before})
     bar = tqdm(total=cfg.steps, initial=step, desc="train adapter", unit="step", file=sys.stderr, disable=None)
+    seen = history[-1].get("train_tokens", 0)
     t0 = time.time()
     while step < cfg.steps:
         for batch in _batches(feats, train_idx, cfg.tokens_per_batch, rng):
@@ -293,11 +299,12 @@ def train(model, sequences: list[tuple[np.ndarray, int]], cfg: TrainConfig, out_
                 loss, agree = soft_ce(adapter, lm_head, h, hf, target, vocab, exact=False)
             optimizer_step(opt, scaler, loss, adapter)
             step += 1
+            seen += response_tokens(sequences, batch)
             bar.update()
             bar.set_postfix(loss=f"{loss.item():.3f}", top1=f"{float(agree.mean()):.1%}")
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 ev = evaluate(adapter, lm_head, feats, held, cfg.tokens_per_batch, vocab, dev)
-                history.append({"step": step, "eval": ev})
+                history.append({"step": step, "train_tokens": seen, "eval": ev})
                 bar.write(f"step {step}: held-out loss {ev['loss']:.3f}, top-1 agreement {ev['agreement']:.1%}",
                           file=sys.stderr)
                 torch.save({"config": asdict(cfg), "data": _seq_digest(sequences), "adapter": adapter.state_dict(),

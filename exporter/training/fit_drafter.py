@@ -32,6 +32,7 @@ from .fit_adapter import (
     cosine_lr,
     pruned_vocab,
     response_counts,
+    response_tokens,
     split_holdout,
     with_extra,
 )
@@ -207,6 +208,7 @@ def train_drafter(model, sequences: list[tuple[np.ndarray, int]], cfg: DrafterTr
         history.append({"step": 0, "eval": heldout.evaluate(drafter, embed, teacher)})
     before = history[0]["eval"]
     bar = tqdm(total=cfg.steps, initial=step, desc="train drafter", unit="step", file=sys.stderr, disable=None)
+    seen = history[-1].get("train_tokens", 0)
     t0 = time.time() - elapsed
     recent: list[tuple[float, float]] = []  # (loss, within-head agreement) of the steps since the last eval
     while step < cfg.steps:
@@ -219,6 +221,7 @@ def train_drafter(model, sequences: list[tuple[np.ndarray, int]], cfg: DrafterTr
                 loss, agree = soft_ce(drafter, embed, teacher, make_batch(sequences, feats, idx, dev.torch))
             optimizer_step(opt, scaler, loss, drafter)
             step += 1
+            seen += response_tokens(sequences, idx)
             bar.update()
             recent.append((loss.item(), float(agree.mean())))
             bar.set_postfix(loss=f"{recent[-1][0]:.3f}", top1=f"{recent[-1][1]:.1%}")
@@ -228,7 +231,7 @@ def train_drafter(model, sequences: list[tuple[np.ndarray, int]], cfg: DrafterTr
                 train = {"loss": float(np.mean([r[0] for r in recent])), "agreement_in_head":
                          float(np.mean([r[1] for r in recent]))}
                 recent.clear()
-                history.append({"step": step, "eval": ev, "train": train})
+                history.append({"step": step, "train_tokens": seen, "eval": ev, "train": train})
                 bar.write(f"step {step}: held-out loss {ev['loss']:.3f}, top-1 agreement {ev['agreement']:.1%}"
                           f" (training batches: loss {train['loss']:.3f}, {train['agreement_in_head']:.1%})",
                           file=sys.stderr)

@@ -31,7 +31,7 @@ from ...runtime.errors import SpecExportError
 from ...runtime.paths import cache_dir
 from ..hf_weights import dims_of, embedding, rope_inv_freq
 from .device import Device, optimizer_step, resolve_device
-from .fit_adapter import _seq_digest, cosine_lr, pruned_vocab, response_counts, split_holdout
+from .fit_adapter import _seq_digest, cosine_lr, pruned_vocab, response_counts, response_tokens, split_holdout
 from .head import DraftHead, HeadConfig
 
 HEAD_FILE = "head.safetensors"
@@ -295,7 +295,7 @@ def train_head(model, sequences: list[tuple[np.ndarray, int]], cfg: HeadTrainCon
                 loss, hits, valid = ttt_loss(head, embed, lm_head, vocab, tensors, cfg.unroll, cfg.decay)
             optimizer_step(opt, scaler, loss, head)
             step += 1
-            seen += int(valid[0].sum())
+            seen += response_tokens(sequences, batch)
             bar.update()
             bar.set_postfix(loss=f"{loss.item():.3f}", top1=f"{float(hits[0][valid[0]].float().mean()):.1%}")
             if step % cfg.eval_every == 0 or step == cfg.steps:
