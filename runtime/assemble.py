@@ -36,7 +36,7 @@ from .drafters import (
     SelfDrafter,
 )
 from .errors import SpecExportError
-from .head import HeadDrafter
+from .head import HeadDrafter, HeadTreeDrafter
 from .manifest import ManifestError, SpeculativeDefaults
 from .options import Options
 from .pearl import pearl_loop
@@ -68,7 +68,7 @@ def decoder(session: Session, opts: Options, ids: list[int], params: SamplingPar
         return autoregressive(pieces, ids, params, rng, stats)
     if opts.tree:
         drafter = tree_drafter(session, mode, opts, params)
-        stats.mode = f"model-tree{opts.tree}"
+        stats.mode = f"{mode}-tree{opts.tree}"
         return speculative(pieces, drafter, draft_policy(session, opts, mode), ids, params, rng, stats, context)
     if opts.schedule == "pearl":  # the drafter on a thread of its own beside the target (pearl.py)
         return pearl_loop(pieces, mode, opts, lambda m: draft_policy(session, opts, m), ids, params, rng, stats,
@@ -98,20 +98,23 @@ def draft_policy(session: Session, opts: Options, mode: str = "self") -> DraftPo
     return make_policy(opts.policy, gamma, eta, cost=lambda gamma_max: session.cost_model(mode, gamma_max))
 
 
-def tree_drafter(session: Session, mode: str, opts: Options, params: SamplingParams) -> TreeDrafter:
-    if mode != "model":
-        raise SpecExportError(f"--tree grows its trees with the bundle's drafter piece, so it needs --mode model"
-                              f" (not {mode})")
+def tree_drafter(session: Session, mode: str, opts: Options, params: SamplingParams) -> Drafter:
+    if mode not in ("model", "head"):
+        raise SpecExportError(f"--tree grows its trees with the bundle's drafter piece or its draft head, so it"
+                              f" needs --mode model or --mode head (not {mode})")
     if opts.schedule != "sequential" or opts.verify != "exact" or opts.policy:
         raise SpecExportError("--tree sets its own draft shape and verifies exactly: drop --schedule, --verify and"
                               " --policy, or drop --tree")
     if not params.greedy:
         raise SpecExportError("--tree verifies greedy decoding only; drop --temperature (or set it to 0),"
                               " or drop --tree")
-    if not trees_supported(session.pieces):
+    if not trees_supported(session.pieces, mode):
         raise SpecExportError(f"bundle {session.bundle.root} predates token trees (its pieces take no"
                               " attention_bias); rebuild it with `specexport build` to use --tree")
-    return TreeDrafter(session.pieces, TreeShape.parse(opts.tree), session.bundle.max_context)
+    shape = TreeShape.parse(opts.tree)
+    if mode == "head":
+        return HeadTreeDrafter(session.pieces, shape, session.bundle.max_context)
+    return TreeDrafter(session.pieces, shape, session.bundle.max_context)
 
 
 def auto_trees(speculative: SpeculativeDefaults) -> dict[str, TreeShape]:
@@ -140,12 +143,15 @@ def _lookup(session: Session, opts: Options) -> LookupDrafter:
 def _auto(session: Session, opts: Options, stats: Stats) -> AutoDrafter:
     p = session.pieces
     greedy = SamplingParams(opts.temperature, opts.top_k, opts.top_p).greedy
-    if greedy and opts.verify == "exact" and trees_supported(p):
-        drafters: list[Drafter] = [TreeDrafter(p, auto_tree(session), session.bundle.max_context)]
-    else:
+    drafters: list[Drafter] = []
+    if greedy and opts.verify == "exact":  # trees beat chains side by side (BENCHMARKS.md): only trees then
+        shape, context = auto_tree(session), session.bundle.max_context
+        drafters += [TreeDrafter(p, shape, context)] if trees_supported(p) else []
+        drafters += [HeadTreeDrafter(p, shape, context)] if trees_supported(p, "head") else []
+    if not drafters:
         drafters = [SelfDrafter(p)] if p.adapter is not None else []
         drafters += [ModelDrafter(p)] if p.drafter is not None else []
-    drafters += [HeadDrafter(p)] if p.head is not None else []
+        drafters += [HeadDrafter(p)] if p.head is not None else []
     # the recipe may narrow auto's choices per precision, from side-by-side measurements of them
     offered = session.speculative.auto_drafters.get(session.bundle.manifest.precision)
     if offered:

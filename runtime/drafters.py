@@ -395,7 +395,8 @@ class AutoDrafter:
         self.lookup, self.lookup_min_ngram = lookup, lookup_min_ngram
         self.revisit, self.max_revisit = revisit, max_revisit
         self.contexts = (NO_MATCH, *range(lookup_min_ngram, lookup.max_ngram + 1), COPY_RUN)
-        self.always = [d.name for d in drafters] + ([] if "tree" in self.drafters else [PLAIN])
+        # a floored tree makes the plain-or-speculate call itself (runtime/tree.py)
+        self.always = [d.name for d in drafters] + ([] if any("tree" in n for n in self.drafters) else [PLAIN])
         self.memory = memory if memory is not None else AutoMemory({})
         self.steps = stats.extra.setdefault("auto_steps", dict.fromkeys([*self.drafters, *self.always], 0))
         self.choice: tuple[str, int] | None = None  # None: the loop skipped propose (no budget this step)

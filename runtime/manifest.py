@@ -154,10 +154,10 @@ class SpeculativeDefaults:
             raise ManifestError(f"manifest field {where}.eta is {self.eta}, outside [0, 1]")
         # the auto_tree shapes are parsed where trees are known: runtime/assemble.py auto_trees
         for precision, names in self.auto_drafters.items():
-            unknown = set(str(names).split(",")) - {"tree", "self", "model", "head"}
+            unknown = set(str(names).split(",")) - {"tree", "head-tree", "self", "model", "head"}
             if unknown:
                 raise ManifestError(f"manifest field {where}.auto_drafters.{precision} names {sorted(unknown)[0]!r},"
-                                    " not one of tree, self, model, head")
+                                    " not one of tree, head-tree, self, model, head")
 
 
 DTYPES = ("float32", "float16", "int64", "int32", "int8", "uint8", "bool")  # what the pieces' graphs take and give

@@ -61,10 +61,11 @@ class TreeShape:
         return shape
 
 
-def trees_supported(pieces: Pieces) -> bool:
-    """Whether every piece a tree step runs takes token trees (bundles built before `attention_bias` do not)."""
-    return pieces.drafter is not None and all(TreeMask.supported(p) for p in (pieces.shallow, pieces.deep,
-                                                                              pieces.drafter))
+def trees_supported(pieces: Pieces, mode: str = "model") -> bool:
+    """Whether the bundle has the piece that grows `mode`'s trees (the drafter; the head for mode head) and
+    every piece a tree step runs takes token trees (bundles built before `attention_bias` do not)."""
+    grower = pieces.head if mode == "head" else pieces.drafter
+    return grower is not None and all(TreeMask.supported(p) for p in (pieces.shallow, pieces.deep, grower))
 
 
 # auto's tree: up to four drafter tokens three deep, but a token is verified only when the drafter gives its
@@ -86,6 +87,17 @@ class Node:
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     z = logits - logits.max(axis=-1, keepdims=True)
     return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+def children(logits: np.ndarray, parent: int, base: float, depth: int, width: int,
+             vocab_map: np.ndarray | None) -> list[Node]:
+    """The `width` likeliest next tokens under a drafting piece's `logits` (over `vocab_map`'s ids when its head
+    is pruned) as candidate nodes of `parent`, whose branch score is `base`."""
+    logp = log_softmax(logits)
+    top = np.argpartition(-logp, min(width, len(logp) - 1))[:width]
+    top = top[np.argsort(-logp[top], kind="stable")]
+    ids = vocab_map[top] if vocab_map is not None else top
+    return [Node(int(t), parent, base + float(logp[i]), depth) for t, i in zip(ids, top, strict=True)]
 
 
 class TreeDrafter:
@@ -147,13 +159,6 @@ class TreeDrafter:
         self.trunk_at = pos + final if self.drafting else -1
         self.drafted_last, self.drafting = self.drafting, False
 
-    def _children(self, logits: np.ndarray, parent: int, base: float, depth: int) -> list[Node]:
-        logp = log_softmax(logits)
-        top = np.argpartition(-logp, min(self.shape.width, len(logp) - 1))[: self.shape.width]
-        top = top[np.argsort(-logp[top], kind="stable")]
-        ids = self.vocab_map[top] if self.vocab_map is not None else top
-        return [Node(int(t), parent, base + float(logp[i]), depth) for t, i in zip(ids, top, strict=True)]
-
     def grow(self, history: list[int], out: dict[str, np.ndarray], nodes: int, final: int | None = None,
              limit: int | None = None) -> tuple[list[int], list[int]]:
         """(tokens, parents) of the step's tree in topological order; tokens[0] is history[-1]. `out` is the
@@ -162,7 +167,7 @@ class TreeDrafter:
         pos, max_context = len(history) - 1, limit or self.max_context
         if nodes == 0:
             return [history[-1]], [-1]
-        cands = self._children(out["logits"][0, -1], -1, 0.0, 1)
+        cands = children(out["logits"][0, -1], -1, 0.0, 1, self.shape.width, self.vocab_map)
         level = list(range(len(cands)))
         slot = pos + 1
         for depth in range(2, self.shape.depth + 1):
@@ -189,7 +194,7 @@ class TreeDrafter:
             slot += len(frontier)
             level = []
             for row, i in enumerate(frontier):
-                kids = self._children(out["logits"][0, row], i, cands[i].score, depth)
+                kids = children(out["logits"][0, row], i, cands[i].score, depth, self.shape.width, self.vocab_map)
                 level.extend(range(len(cands), len(cands) + len(kids)))
                 cands.extend(kids)
         # the likely enough candidates hang together too, children never being likelier than parents

@@ -107,7 +107,14 @@ def test_head_and_auto_are_ar_token_for_token(bundles, precision):
             drafted += out.stats.drafted
         policy = session.generate(prompt, max_new_tokens=48, mode="head", policy="fixed", gamma=4)
         assert policy.tokens == ar
+        for tree in ("8:4:3:0", "4:3:2:10:0.05:0.2"):  # EAGLE-2's dynamic tree from the head, with lookup's branch
+            out = session.generate(prompt, max_new_tokens=48, mode="head", tree=tree)
+            assert out.tokens == ar, (precision, tree, prompt)
+            assert out.stats.mode == f"head-tree{tree}"
+            drafted += out.stats.drafted
     assert drafted > 0
+    auto = session.generate("hash table", max_new_tokens=48, mode="auto").stats.extra["auto_steps"]
+    assert "head-tree" in auto  # greedy auto offers the head's tree (and the drafter's, where there is one)
 
 
 def test_head_sampling_follows_the_target(bundles):
