@@ -57,7 +57,8 @@ class Stats:
                  f"mean accepted tokens {self.mean_accepted_tokens:.2f}"]
         if self.drafted:
             parts.append(f"acceptance {self.acceptance_rate:.1%}")
-            parts.append(f"draft {self.draft_s:.2f}s / verify {self.verify_s:.2f}s")
+            parts.append(f"draft {self.draft_s:.2f}s ({1e3 * self.draft_s / self.drafted:.2f} ms a drafted token)"
+                         f" / verify {self.verify_s:.2f}s")
         parts.append(f"prefill {self.prefill_s:.2f}s")
         if self.extra.get("auto_steps"):  # which drafter the automatic choice used, step by step
             parts.append("steps " + " ".join(f"{k} {v}" for k, v in self.extra["auto_steps"].items() if v))
