@@ -142,14 +142,17 @@ def make_systems(session: Session, cfg: BenchConfig, threads: int,
                 skipped[system.name] = str(exc)
                 continue
             systems.append(system)
+    # each tree shape from the drafter, and from the draft head where the bundle has one
+    growers = ["model", *(["head"] if session.pieces.head is not None else [])]
     for tree in cfg.trees or []:
-        system = SpecExportSystem(session, "model", threads, tree=tree)
-        try:
-            resolve_mode(session, "model")
-        except SpecExportError as exc:
-            skipped[system.name] = str(exc)
-            continue
-        systems.append(system)
+        for mode in growers:
+            system = SpecExportSystem(session, mode, threads, tree=tree)
+            try:
+                resolve_mode(session, mode)
+            except SpecExportError as exc:
+                skipped[system.name] = str(exc)
+                continue
+            systems.append(system)
 
     manifest = session.bundle.manifest
     checkpoint = _checkpoint(manifest)

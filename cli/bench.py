@@ -39,7 +39,8 @@ def register(main: click.Group) -> None:
                   " confidence[:ETA], entropy[:LAMBDA], goodput[:GAMMA_MAX] (see `specexport generate --help`).")
     @click.option("--tree", "trees", default=None, help="Token-tree shapes, comma-separated"
                   " (NODES[:DEPTH[:WIDTH[:LOOKUP[:KEEP[:EXPAND]]]]], see `specexport generate --help`): each runs"
-                  " the drafter piece with token trees, named specexport-model-treeSHAPE.")
+                  " the drafter piece with token trees, named specexport-model-treeSHAPE (and from the draft head"
+                  " where the bundle has one, specexport-head-treeSHAPE).")
     @click.option("--baselines", default="hf,hf-lookup,ortgenai", show_default=True,
                   help="Peers to run in the same pass: hf (transformers generate, PyTorch fp32), hf-lookup"
                   " (its prompt lookup, 10 tokens), ortgenai (ONNX Runtime GenAI fp32 through its own model"
