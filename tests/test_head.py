@@ -114,7 +114,10 @@ def test_head_and_auto_are_ar_token_for_token(bundles, precision):
             drafted += out.stats.drafted
     assert drafted > 0
     auto = session.generate("hash table", max_new_tokens=48, mode="auto").stats.extra["auto_steps"]
-    assert "head-tree" in auto  # greedy auto offers the head's tree (and the drafter's, where there is one)
+    if precision == "fp32":  # the recipe's [speculative.auto_drafters] narrows auto to the drafter's tree there
+        assert manifest["speculative"]["auto_drafters"]["fp32"] == "tree" and set(auto) == {"tree", "lookup"}
+    else:  # no drafter piece in these bundles: greedy auto grows the head's tree
+        assert "head-tree" in auto
 
 
 def test_head_sampling_follows_the_target(bundles):
