@@ -143,9 +143,8 @@ def make_systems(session: Session, cfg: BenchConfig, threads: int,
                 continue
             systems.append(system)
     # each tree shape from the drafter, and from the draft head where the bundle has one
-    growers = ["model", *(["head"] if session.pieces.head is not None else [])]
     for tree in cfg.trees or []:
-        for mode in growers:
+        for mode in ["model", *(["head"] if session.pieces.head is not None else [])]:
             system = SpecExportSystem(session, mode, threads, tree=tree)
             try:
                 resolve_mode(session, mode)
