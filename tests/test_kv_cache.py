@@ -197,7 +197,18 @@ def test_a_bundle_with_int8_caches_records_them_and_pads_nothing(int8_cache_bund
         assert not [n for n in graph.node if n.name.startswith("mr_")], name  # no copied row in the graph
     adapter = manifest["pieces"]["adapter"]  # a draft head keeps float caches: it only proposes
     assert {t["dtype"] for t in adapter["inputs"] if t["name"].startswith("past_")} == {"float32"}
-    assert load(int8_cache_bundle).one_row_calls == "none"
+    # the graphs pad nothing; whether this machine's kernels round a one-row call of the int8 caches as a row of
+    # many is the load-time probe's to decide (AVX2 and AVX-512 answer differently), and the session pads itself
+    # exactly when the probe says they do not (the tests below check the output is AR's either way)
+    import dataclasses
+
+    from specexport.runtime.row_padding import TwoRowCalls, one_row_calls_match
+
+    session = load(int8_cache_bundle)
+    raw = dataclasses.replace(session.pieces, **{n: getattr(session.pieces, n).piece for n in ("shallow", "deep")
+                                                 if isinstance(getattr(session.pieces, n), TwoRowCalls)})
+    matches = one_row_calls_match(raw, session.bundle.manifest.model.dims.vocab)
+    assert session.one_row_calls == ("none" if matches else "session")
 
 
 @pytest.mark.parametrize("mode", ["self", "lookup", "auto"])
