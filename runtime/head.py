@@ -24,7 +24,7 @@ from .decode import Pieces, ids_array
 from .drafters import Draft, LookupDrafter, choose
 from .policies import DraftPolicy
 from .sampling import SamplingParams
-from .tree import TreeShape, children, graft, select
+from .tree import TreeShape, children, graft, next_frontier, select
 
 
 class FeatureTap(WrappedPiece):
@@ -137,19 +137,9 @@ class HeadTreeDrafter:
         for depth in range(2, self.shape.depth + 1):
             if slot + self.shape.width > self.max_context - 1:  # the head's cache ends here
                 break
-            floor = sorted((c.score for c in cands), reverse=True)[room - 1] if len(cands) >= room else -np.inf
-            bound = max(floor, self.extend_floor)
-            frontier = [i for i in sorted(level, key=lambda i: -cands[i].score)[: self.shape.width]
-                        if cands[i].score >= bound]
+            frontier, visible = next_frontier(cands, level, self.shape.width, room, self.extend_floor, slot, pos)
             if not frontier:
                 break
-            visible = np.zeros((len(frontier), slot + len(frontier) - pos), dtype=bool)
-            for row, i in enumerate(frontier):
-                cands[i].slot = slot + row
-                a = i
-                while a >= 0:
-                    visible[row, cands[a].slot - pos] = True
-                    a = cands[a].parent
             mask = TreeMask(pos, np.array([depth - 2] * len(frontier)), visible)
             feats = own(np.concatenate([states[cands[i].parent] for i in frontier], axis=1))
             out = self.piece.run(ids_array([cands[i].token for i in frontier]), slot, keep=len(frontier), tree=mask,

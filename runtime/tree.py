@@ -173,22 +173,10 @@ class TreeDrafter:
         for depth in range(2, self.shape.depth + 1):
             if slot + self.shape.width > max_context:  # the drafter's cache ends here
                 break
-            # a child is never likelier than its parent, so a leaf below the nodes-th likeliest score so far
-            # cannot lead into the tree: expanding it would be a wasted drafter call
-            floor = sorted((c.score for c in cands), reverse=True)[nodes - 1] if len(cands) >= nodes else -np.inf
-            bound = max(floor, self.extend_floor)
-            frontier = [i for i in sorted(level, key=lambda i: -cands[i].score)[: self.shape.width]
-                        if cands[i].score >= bound]
+            frontier, visible = next_frontier(cands, level, self.shape.width, nodes, self.extend_floor, slot, pos)
             if not frontier:
                 break
-            visible = np.zeros((len(frontier), slot + len(frontier) - pos), dtype=bool)
             visible[:, 0] = True  # the root
-            for row, i in enumerate(frontier):
-                cands[i].slot = slot + row
-                a = i
-                while a >= 0:
-                    visible[row, cands[a].slot - pos] = True
-                    a = cands[a].parent
             mask = TreeMask(pos, np.array([depth - 1] * len(frontier)), visible)
             out = self.piece.run(ids_array([cands[i].token for i in frontier]), slot, keep=len(frontier), tree=mask)
             slot += len(frontier)
@@ -205,6 +193,25 @@ class TreeDrafter:
             room = max_context - pos - len(tokens)  # every token needs a cache slot
             graft(tokens, parents, history[end + 1:end + 1 + min(self.lookup.max_tokens, room)])
         return tokens, parents
+
+
+def next_frontier(cands: list[Node], level: list[int], width: int, nodes: int, extend_floor: float, slot: int,
+                  base: int) -> tuple[list[int], np.ndarray]:
+    """The leaves of `level` the next drafting call expands, given cache slots from `slot` on, and their rows of the
+    call's tree mask from slot `base` (each sees its ancestors' slots and its own). A child is never likelier than
+    its parent, so a leaf below the `nodes`-th likeliest score so far cannot lead into the tree: expanding it would
+    be a wasted call; nor one below `extend_floor`. At most the `width` likeliest."""
+    floor = sorted((c.score for c in cands), reverse=True)[nodes - 1] if len(cands) >= nodes else -np.inf
+    bound = max(floor, extend_floor)
+    frontier = [i for i in sorted(level, key=lambda i: -cands[i].score)[:width] if cands[i].score >= bound]
+    visible = np.zeros((len(frontier), slot + len(frontier) - base), dtype=bool)
+    for row, i in enumerate(frontier):
+        cands[i].slot = slot + row
+        a = i
+        while a >= 0:
+            visible[row, cands[a].slot - base] = True
+            a = cands[a].parent
+    return frontier, visible
 
 
 def select(cands: list[Node], nodes: int) -> tuple[list[int], list[int]]:
