@@ -343,22 +343,28 @@ def save_adapter(adapter: Adapter, out_dir: Path, meta: dict) -> None:
     (out_dir / META_FILE).write_text(json.dumps({**meta, "config_adapter": asdict(adapter.cfg)}, indent=2) + "\n")
 
 
+def read_trained(directory: Path, weights: str, meta_name: str, what: str, command: str,
+                 target_sha: str | None) -> tuple[dict, dict]:
+    """(metadata, fp32 weights) of a trained drafting module's directory, with its FR-Spec token counts as
+    `token_counts` (None without); refuses a missing one, or one trained for another target, in one sentence."""
+    meta_file = directory / meta_name
+    if not (directory / weights).is_file() or not meta_file.is_file():
+        raise SpecExportError(f"{directory} holds no trained {what} ({weights} + {meta_name}); train one with"
+                              f" `{command}`")
+    meta = json.loads(meta_file.read_text())
+    if target_sha and meta["target_sha256"] != target_sha:
+        raise SpecExportError(f"{what} {directory} was trained for another target model (sha256"
+                              f" {meta['target_sha256'][:12]}…, this one is {target_sha[:12]}…); train one for it")
+    counts = directory / COUNTS_FILE
+    meta["token_counts"] = np.load(counts) if counts.is_file() else None
+    return meta, {k: v.float() for k, v in load_file(str(directory / weights)).items()}
+
+
 def load_adapter(path: Path, model, target_sha: str | None = None) -> tuple[Adapter, dict]:
     """Load a trained adapter directory (or its .safetensors) for `model`; refuses a mismatched target."""
     path = Path(path)
     directory = path if path.is_dir() else path.parent
-    meta_file = directory / META_FILE
-    if not (directory / ADAPTER_FILE).is_file() or not meta_file.is_file():
-        raise SpecExportError(f"{directory} holds no trained adapter ({ADAPTER_FILE} + {META_FILE}); train one"
-                              " with `specexport train-adapter`")
-    meta = json.loads(meta_file.read_text())
-    if target_sha and meta["target_sha256"] != target_sha:
-        raise SpecExportError(f"adapter {directory} was trained for another target model (sha256"
-                              f" {meta['target_sha256'][:12]}…, this one is {target_sha[:12]}…); train one for it")
-    cfg = AdapterConfig(**meta["config_adapter"])
-    adapter = Adapter(cfg, *rope_inv_freq(model))
-    adapter.load_state_dict({k: v.float() for k, v in load_file(str(directory / ADAPTER_FILE)).items()})
-    adapter.eval()
-    counts = directory / COUNTS_FILE
-    meta["token_counts"] = np.load(counts) if counts.is_file() else None
-    return adapter, meta
+    meta, state = read_trained(directory, ADAPTER_FILE, META_FILE, "adapter", "specexport train-adapter", target_sha)
+    adapter = Adapter(AdapterConfig(**meta["config_adapter"]), *rope_inv_freq(model))
+    adapter.load_state_dict(state)
+    return adapter.eval(), meta

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch.nn import functional as F
 from tqdm import tqdm
 
@@ -31,7 +31,15 @@ from ...runtime.errors import SpecExportError
 from ...runtime.paths import cache_dir
 from ..hf_weights import dims_of, embedding, rope_inv_freq
 from .device import Device, optimizer_step, resolve_device
-from .fit_adapter import _seq_digest, cosine_lr, pruned_vocab, response_counts, response_tokens, split_holdout
+from .fit_adapter import (
+    _seq_digest,
+    cosine_lr,
+    pruned_vocab,
+    read_trained,
+    response_counts,
+    response_tokens,
+    split_holdout,
+)
 from .head import DraftHead, HeadConfig
 
 HEAD_FILE = "head.safetensors"
@@ -331,20 +339,8 @@ def save_head(head: DraftHead, out_dir: Path, meta: dict) -> None:
 
 def load_head(path: Path, model, target_sha: str | None = None) -> tuple[DraftHead, dict]:
     """A trained head directory for `model`; refuses one trained for another target."""
-    directory = Path(path)
-    meta_file = directory / META_FILE
-    if not (directory / HEAD_FILE).is_file() or not meta_file.is_file():
-        raise SpecExportError(f"{directory} holds no trained draft head ({HEAD_FILE} + {META_FILE}); train one with"
-                              " `specexport train-head`")
-    meta = json.loads(meta_file.read_text())
-    if target_sha and meta["target_sha256"] != target_sha:
-        raise SpecExportError(f"draft head {directory} was trained for another target model (sha256"
-                              f" {meta['target_sha256'][:12]}…, this one is {target_sha[:12]}…); train one for it")
+    meta, state = read_trained(Path(path), HEAD_FILE, META_FILE, "draft head", "specexport train-head", target_sha)
     raw = meta["config_head"]
-    cfg = HeadConfig(**{**raw, "features": tuple(raw["features"])})
-    head = DraftHead(cfg, *rope_inv_freq(model))
-    head.load_state_dict({k: v.float() for k, v in load_file(str(directory / HEAD_FILE)).items()})
-    head.eval()
-    counts = directory / COUNTS_FILE
-    meta["token_counts"] = np.load(counts) if counts.is_file() else None
-    return head, meta
+    head = DraftHead(HeadConfig(**{**raw, "features": tuple(raw["features"])}), *rope_inv_freq(model))
+    head.load_state_dict(state)
+    return head.eval(), meta
