@@ -23,8 +23,8 @@ sessions created in the other order, and give each system's time over the first'
     # (in the .venv-genai interpreter) GenAI's model directory
     taskset -c 0 .venv/bin/python tools/experiments/ar_gap.py prefill bundles/smollm2-int4
     taskset -c 0 .venv-genai/bin/python tools/experiments/ar_gap.py prefill .cache/ortgenai/<model dir>
-    # teacher-forced top-1 agreement of bundles with a reference bundle's greedy answers (26 prompts of
-    # tools/prompt_set.py, seed 7, 64 tokens each): how much a quantization choice costs
+    # teacher-forced top-1 agreement of bundles with a reference bundle's greedy answers (the 26 prompts of
+    # tools/experiments/agreement_prompts.jsonl, 64 tokens each): how much a quantization choice costs
     .venv/bin/python tools/experiments/ar_gap.py agreement bundles/smollm2 bundles/smollm2-int8 /tmp/int8-b64
     # why the padding exists: MLAS's M = 1 SGEMM path (GroupQueryAttention's probabilities x V product in a
     # one-token call) against a row of a two-row call, and both against two summation orders done in numpy
@@ -309,14 +309,13 @@ def prefill(path: str, rounds: int) -> None:
 def agreement(reference: str, bundles: list[str], prompts: int = 26, tokens: int = 64) -> None:
     """Per bundle, the share of answer positions where its top-1 token, given the reference's answer so far,
     is the reference's own next token."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from prompt_set import build_prompts
     from specexport.runtime.decode import target_step
     from specexport.runtime.session import load
 
     ref = load(reference)
     cases = []
-    for item in build_prompts(prompts, seed=7):
+    lines = (Path(__file__).with_name("agreement_prompts.jsonl").read_text(encoding="utf-8")).splitlines()
+    for item in [json.loads(line) for line in lines if line.strip()][:prompts]:
         ids = ref.prompt_ids(item["prompt"], ref.options())
         answer = ref.generate_ids(ids, max_new_tokens=tokens, mode="ar").tokens
         cases.append((ids, answer))
