@@ -6,8 +6,8 @@
         print(text, end="")
 """
 
-from .errors import SpecExportError
+from .errors import RunError, SpecExportError
 from .options import OptionError, Options
 from .session import Generation, Session, TextStream, load
 
-__all__ = ["Generation", "OptionError", "Options", "Session", "SpecExportError", "TextStream", "load"]
+__all__ = ["Generation", "OptionError", "Options", "RunError", "Session", "SpecExportError", "TextStream", "load"]

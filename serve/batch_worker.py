@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import threading
 
-from ..runtime import OptionError, Session, SpecExportError
+from ..runtime import RunError, Session, SpecExportError
 from ..runtime.batching import BatchRequest, BatchScheduler, BatchTextStream
 from .errors import APIError
 from .protocol import GenerationRequest
@@ -72,8 +72,10 @@ class BatchWorker:
         try:
             try:
                 run.request = self.scheduler.submit(request.prompt_ids, **dataclasses.asdict(request.options))
-            except OptionError as exc:  # a mode the batched scheduler does not run: the client's to change
-                self._fail(run, Failure(str(exc), client=True))
+            except SpecExportError as exc:
+                # a mode the batched scheduler does not run, or a prompt that does not fit: the client's to
+                # change, unless the scheduler was closed under it by the server's shutdown
+                self._fail(run, Failure(str(exc), client=not self._closed))
                 return
             if run.cancelled:  # left before its request existed: cancel() could not reach it
                 run.request.cancel()
@@ -91,7 +93,7 @@ class BatchWorker:
                 else:
                     counters.completed += 1
             run.post("done", outcome)
-        except SpecExportError as exc:  # the batched step failed: the server's failure, not the request's
+        except RunError as exc:  # a batched step failed: the server's failure, not the request's
             self._fail(run, Failure(str(exc), client=False))
         except Exception as exc:
             log.exception("generation failed")

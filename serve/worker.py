@@ -12,7 +12,7 @@ import queue
 import threading
 from dataclasses import dataclass, field
 
-from ..runtime import Session, SpecExportError, TextStream
+from ..runtime import RunError, Session, SpecExportError, TextStream
 from ..runtime.stats import Stats
 from .errors import APIError
 from .protocol import GenerationRequest
@@ -120,10 +120,12 @@ class Worker:
             counters.running += 1
         stream: TextStream | None = None
         stopped = True  # until the stream runs to its end
+        started = False  # whether any text went out
         try:
             if not run.cancelled:  # a client that left while queued costs nothing
                 stream = TextStream(self.session, request.prompt_ids, request.options)
                 for delta in stream:
+                    started = True
                     run.post("text", delta)
                     if run.cancelled:
                         break
@@ -131,8 +133,10 @@ class Worker:
                     stopped = False
                 stream.close()
             self._finish(run, stream, stopped)
-        except SpecExportError as exc:  # raised before the first token: the request asked what the bundle cannot do
-            self._fail(run, Failure(str(exc), client=True))
+        except SpecExportError as exc:
+            # a piece that failed is the server's fault; otherwise the runtime refused what the request asked
+            # for (a mode the bundle cannot run), which it does before the first token
+            self._fail(run, Failure(str(exc), client=not isinstance(exc, RunError) and not started))
         except Exception as exc:
             log.exception("generation failed")
             self._fail(run, Failure(f"generation failed: {type(exc).__name__}: {exc}", client=False))

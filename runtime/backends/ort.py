@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from ..errors import SpecExportError
+from ..errors import RunError, SpecExportError
 from ..manifest import Piece as PieceSpec
 from .buckets import CacheBuckets, dynamic_cache_len, relayout_host, relayout_in_place, view
 from .common import DeviceStates, TreeMask, bias_input, bias_spec, check_io, control_feeds
@@ -212,7 +212,7 @@ class OrtPiece:
             self.session.run_with_iobinding(self.binding)
         except Exception as exc:  # ONNX Runtime's own message, in one sentence that names the piece and step
             reason = " ".join(str(exc).split())
-            raise SpecExportError(f"piece {self.name!r} failed at positions {start}..{start + n - 1} ({n} token(s)):"
+            raise RunError(f"piece {self.name!r} failed at positions {start}..{start + n - 1} ({n} token(s)):"
                                   f" {reason}") from None
         if results is None:
             values = self.binding.get_outputs()
@@ -269,7 +269,7 @@ class OrtPiece:
             self.session.run_with_iobinding(self.binding)
         except Exception as exc:  # as in `run`
             reason = " ".join(str(exc).split())
-            raise SpecExportError(f"piece {self.name!r} failed at positions {start}..{start + n - 1} ({n} token(s)):"
+            raise RunError(f"piece {self.name!r} failed at positions {start}..{start + n - 1} ({n} token(s)):"
                                   f" {reason}") from None
         if not self._shaped and self._host_results:
             values = self.binding.get_outputs()[-len(self._host_results):]

@@ -32,7 +32,7 @@ from collections import OrderedDict
 import numpy as np
 import onnxruntime as ort
 
-from ..errors import SpecExportError
+from ..errors import RunError, SpecExportError
 from .common import DeviceStates, TreeMask, attention_bias
 
 DEVICE_ID = 0
@@ -54,7 +54,7 @@ class StateStore:
     def bind_output(self, binding, name: str, start: int, n: int) -> DeviceStates:
         """Bind output `name` at rows [start, start + n) and return them."""
         if start + n > self.rows:
-            raise SpecExportError(f"positions {start}..{start + n - 1} run past the context of {self.rows} slots")
+            raise RunError(f"positions {start}..{start + n - 1} run past the context of {self.rows} slots")
         states = DeviceStates(self, start, n)
         binding.bind_output(name, self.device, DEVICE_ID, self.dtype, [1, n, self.hidden], states.ptr)
         return states

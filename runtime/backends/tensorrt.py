@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import SpecExportError
+from ..errors import RunError, SpecExportError
 from ..manifest import EnginePlan
 from ..manifest import Piece as PieceSpec
 from .buckets import CacheBuckets, Relayout, dynamic_cache_len
@@ -245,7 +245,7 @@ def cuda_check(result, what: str):
     """cuda-python calls return (error, *values): raise on error, return the values."""
     err, *values = result if isinstance(result, tuple) else (result,)
     if int(err) != 0:
-        raise SpecExportError(f"CUDA call {what} failed with {err}")
+        raise RunError(f"CUDA call {what} failed with {err}")
     return values[0] if len(values) == 1 else tuple(values) if values else None
 
 
@@ -413,7 +413,7 @@ class TrtPiece:
         host copies are still returned). Both are for runtime/backends/cuda_streams.py; by default neither is used."""
         n = x.shape[1]
         if start + n > self.max_context:
-            raise SpecExportError(f"positions {start}..{start + n - 1} exceed the {self.max_context}-token KV cache")
+            raise RunError(f"positions {start}..{start + n - 1} exceed the {self.max_context}-token KV cache")
         index = select_profile(self.profiles, n, keep)
         ctx = self.contexts[index]
         slots = self._grow_bucket(start, n) if self._buckets is not None else self.max_context
@@ -445,7 +445,7 @@ class TrtPiece:
         for t in self.result_specs:
             self._bind_address(ctx, t.name, out_ptrs[t.name])
         if not ctx.execute_async_v3(_handle(self.stream)):
-            raise SpecExportError(f"TensorRT failed to run piece {self.name!r}")
+            raise RunError(f"TensorRT failed to run piece {self.name!r}")
         results = {}
         kind = self.cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
         for t in self.result_specs:  # only the small outputs come back; the caches stay on the device
@@ -461,13 +461,13 @@ class TrtPiece:
     # A refused shape or address leaves the previous one bound, and the engine would run on it: stop here.
     def _bind_shape(self, ctx, profile: str, name: str, shape: tuple[int, ...]) -> None:
         if not ctx.set_input_shape(name, tuple(shape)):
-            raise SpecExportError(f"the TensorRT engine of piece {self.name!r} refused shape {tuple(shape)} for input"
+            raise RunError(f"the TensorRT engine of piece {self.name!r} refused shape {tuple(shape)} for input"
                                   f" {name!r} in its {profile!r} profile; the engine does not match the bundle's plan,"
                                   f" so rebuild the engines with `specexport engines build {self.bundle}`")
 
     def _bind_address(self, ctx, name: str, ptr: int) -> None:
         if not ctx.set_tensor_address(name, ptr):
-            raise SpecExportError(f"the TensorRT engine of piece {self.name!r} refused address 0x{ptr:x} for tensor"
+            raise RunError(f"the TensorRT engine of piece {self.name!r} refused address 0x{ptr:x} for tensor"
                                   f" {name!r} (no such tensor, or an address it cannot use); rebuild the engines with"
                                   f" `specexport engines build {self.bundle}`")
 

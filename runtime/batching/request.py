@@ -32,7 +32,7 @@ REVISIT = 32  # steps after which a source the row did not draft with drafts one
 class BatchRequest:
     """What `BatchScheduler.submit` returns. Iterate it for the new tokens, a list per step; `tokens`,
     `finish_reason` ("length", "eos", "cancelled") and `stats` are final once the iteration ends. A failure
-    of the pieces ends it with that SpecExportError; the other requests run on."""
+    of the pieces ends it with a RunError; the other requests run on."""
 
     def __init__(self, prompt_ids: list[int], opts: Options, budget: int, eos_ids: set[int]) -> None:
         self.prompt_ids, self.opts, self.budget, self.eos_ids = list(prompt_ids), opts, budget, eos_ids

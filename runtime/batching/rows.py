@@ -21,7 +21,7 @@ import onnxruntime as ort
 
 from ..backends.buckets import bucket
 from ..backends.ort import session_options
-from ..errors import SpecExportError
+from ..errors import RunError, SpecExportError
 from ..manifest import Piece as PieceSpec
 
 
@@ -62,7 +62,7 @@ class BatchedPiece:
     def run(self, x: np.ndarray, rows: list[int], starts: list[int], keep: int = 1) -> dict[str, np.ndarray]:
         k, n = x.shape[:2]
         if max(starts) + n > self.max_context:
-            raise SpecExportError(f"piece {self.name!r}: a call of {n} tokens at position {max(starts)} runs past"
+            raise RunError(f"piece {self.name!r}: a call of {n} tokens at position {max(starts)} runs past"
                                   f" the context of {self.max_context}")
         width = bucket(max(starts) + n, self.max_context)
         positions = np.asarray(starts, dtype=np.int64)[:, None] + np.arange(n, dtype=np.int64)[None, :]
@@ -88,7 +88,7 @@ class BatchedPiece:
             self.session.run_with_iobinding(b)
         except Exception as exc:
             reason = " ".join(str(exc).split())
-            raise SpecExportError(f"piece {self.name!r} failed on a batch of {k} row(s) x {n} token(s): {reason}"
+            raise RunError(f"piece {self.name!r} failed on a batch of {k} row(s) x {n} token(s): {reason}"
                                   ) from None
         for past, out in presents.items():  # only the slots this call wrote: the rest is the row's as it was
             pool = self.caches[past]

@@ -35,7 +35,7 @@ import numpy as np
 from ..assemble import MODE_PIECES, PIECE_FIXES
 from ..bundle import Bundle, load_bundle
 from ..drafters import LOOKUP_MAX_TOKENS, AdapterState, LookupDrafter
-from ..errors import SpecExportError
+from ..errors import RunError, SpecExportError
 from ..options import Limits, OptionError, Options, make_options
 from ..policies import ConfidencePolicy
 from ..sampling import SamplingParams
@@ -202,7 +202,8 @@ class BatchScheduler:
         try:
             call(rows)
         except Exception as exc:  # the pieces' failure is these requests' end, never the scheduler's
-            error = exc if isinstance(exc, SpecExportError) else SpecExportError(f"batched step failed: {exc}")
+            # whatever broke a step the requests had been admitted to, it is not their fault
+            error = exc if isinstance(exc, RunError) else RunError(f"batched step failed: {exc}")
             for row in rows:
                 if row.request.finish_reason is None:
                     row.request.finish_reason = "error"
