@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 
 from .errors import SpecExportError
-from .manifest import MANIFEST, Manifest, ManifestError, Piece, manifest_digest, sha256_file
+from .manifest import MANIFEST, Manifest, ManifestError, Piece, check_relative, manifest_digest, sha256_file
 
-__all__ = ["Bundle", "load_bundle", "manifest_digest", "parse_manifest", "read_manifest", "read_manifest_text",
-           "sha256_file", "verify_files"]
+__all__ = ["Bundle", "bundle_file", "load_bundle", "manifest_digest", "parse_manifest", "read_manifest",
+           "read_manifest_text", "sha256_file", "verify_files"]
 
 
 @dataclass(frozen=True)
@@ -56,14 +56,30 @@ def read_manifest_text(root: Path) -> bytes:
 
 
 def parse_manifest(root: Path, text: bytes) -> Manifest:
+    """The manifest checked field by field, and every path it names checked to stay inside ``root`` on disk."""
     try:
         data = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise SpecExportError(f"{Path(root) / MANIFEST} is not valid JSON ({exc}); rebuild the bundle") from None
     try:
-        return Manifest.from_dict(data)
+        manifest = Manifest.from_dict(data)
+        for where, rel in manifest.paths():
+            bundle_file(root, rel, where)
     except ManifestError as exc:
         raise ManifestError(f"bundle {root}: {exc}") from None
+    return manifest
+
+
+def bundle_file(root: Path, rel: str, where: str) -> Path:
+    """``root / rel``, refused when the manifest field ``where`` names a path that leaves the bundle: absolute,
+    through ``..``, or through a symbolic link that points out of it (the manifest's own check sees only the
+    text; this one sees the disk)."""
+    check_relative(rel, where)
+    path = Path(root) / rel
+    if not path.resolve().is_relative_to(Path(root).resolve()):
+        raise ManifestError(f"manifest field {where} is {rel!r}, which a symbolic link takes out of the bundle"
+                            f" directory to {path.resolve()}; a bundle keeps its files inside itself")
+    return path
 
 
 def read_manifest(root: Path) -> Manifest:

@@ -284,20 +284,68 @@ class EnginePlan:
     profiles: tuple[dict[str, Any], ...]
     trtexec: str = ""
 
+    def check(self, where: str) -> None:
+        # `engines build` reads the first and writes the other two, each joined to the bundle's root
+        for name in ("onnx", "engine", "script"):
+            check_relative(getattr(self, name), f"{where}.{name}")
+        if not self.profiles:
+            raise ManifestError(f"manifest field {where}.profiles is empty; re-plan the bundle with"
+                                " `specexport engines plan BUNDLE --target NAME`")
+
+
+@dataclass(frozen=True)
+class BuilderSettings:
+    """The TensorRT builder's settings the plan was made with (the target's [build] table)."""
+
+    strongly_typed: bool
+    precision: str
+    workspace_mib: int
+    builder_optimization_level: int
+    hardware_compatibility: Literal["none", "ampere+"]
+    version_compatible: bool
+    timing_cache: str  # in the bundle, shared by its pieces' builds
+
+    def check(self, where: str) -> None:
+        _at_least(self.workspace_mib, 1, f"{where}.workspace_mib")
+        check_relative(self.timing_cache, f"{where}.timing_cache")
+
 
 @dataclass(frozen=True)
 class TensorRTSection:
     engines: tuple[EngineRecord, ...] = ()
     plan: dict[str, EnginePlan] = field(default_factory=dict)
     target: dict[str, Any] | None = None
-    builder: dict[str, Any] | None = None
+    builder: BuilderSettings | None = None
     context: int | None = None
     opcheck: dict[str, Any] | None = None
     notes: tuple[str, ...] = ()
     files: dict[str, str] = field(default_factory=dict)  # scripts of the plan -> SHA-256
 
+    def check(self, where: str) -> None:
+        for rel in self.files:
+            check_relative(rel, f"{where}.files.{rel}")
+        if not self.plan:
+            return
+        if self.builder is None:
+            raise ManifestError(f"manifest field {where}.builder is missing, which a plan is built with; re-plan the"
+                                " bundle with `specexport engines plan BUNDLE --target NAME`")
+        # the device check of `engines build` reads these three
+        for key in ("name", "compute_capability", "tensorrt_version"):
+            if not isinstance((self.target or {}).get(key), str):
+                raise ManifestError(f"manifest field {where}.target.{key} should be a string, which a plan is built"
+                                    " for; re-plan the bundle with `specexport engines plan BUNDLE --target NAME`")
+
     def engine(self, piece: str) -> EngineRecord | None:
         return next((e for e in self.engines if e.piece == piece), None)
+
+    def paths(self, where: str) -> list[tuple[str, str]]:
+        """(field, path) of every file of the bundle this section names."""
+        named = [(f"{where}.engines.{e.piece}.file", e.file) for e in self.engines]
+        for name, plan in self.plan.items():
+            named += [(f"{where}.plan.{name}.{f}", getattr(plan, f)) for f in ("onnx", "engine", "script")]
+        if self.builder is not None:
+            named.append((f"{where}.builder.timing_cache", self.builder.timing_cache))
+        return named + [(f"{where}.files.{rel}", rel) for rel in self.files]
 
 
 @dataclass(frozen=True)
@@ -386,6 +434,22 @@ class Manifest:
         if unknown:
             raise ManifestError(f"manifest field tensorrt.engines has an engine for {unknown[0]!r}, which is not a"
                                 " piece of this bundle")
+        for name, plan in self.tensorrt.plan.items():
+            if name not in self.pieces:
+                raise ManifestError(f"manifest field tensorrt.plan.{name} plans an engine for a piece this bundle does"
+                                    " not have; re-plan it with `specexport engines plan BUNDLE --target NAME`")
+            if plan.onnx != self.pieces[name].file:
+                raise ManifestError(f"manifest field tensorrt.plan.{name}.onnx is {plan.onnx!r}, not the piece's file"
+                                    f" {self.pieces[name].file!r}; re-plan the bundle with `specexport engines plan"
+                                    " BUNDLE --target NAME`")
+
+    def paths(self) -> list[tuple[str, str]]:
+        """(field, path relative to the bundle) of every file the manifest names, its TensorRT section's
+        included: what a reader joins to the bundle's directory."""
+        named = [("tokenizer.file", self.tokenizer.file)]
+        for name, piece in self.pieces.items():
+            named += [(f"pieces.{name}.{f}", rel) for f, rel in piece.files().items() if rel is not None]
+        return named + self.tensorrt.paths("tensorrt") + [(f"files.{rel}", rel) for rel in self.files]
 
     # -- writing --------------------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -475,6 +539,9 @@ def _parse(tp: Any, value: Any, where: str) -> Any:
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
+        others = [a for a in args if a is not type(None)]
+        if len(others) == 1:  # an optional field: what is wrong inside it is named, not just "should be"
+            return _parse(others[0], value, where)
         for arg in args:
             if arg is type(None):
                 continue

@@ -26,7 +26,7 @@ from ...runtime.backends.tensorrt import (
     import_tensorrt,
     require_tensorrt_version,
 )
-from ...runtime.bundle import read_manifest
+from ...runtime.bundle import bundle_file, read_manifest
 from ...runtime.errors import SpecExportError
 from ...runtime.manifest import Manifest, Piece, TensorRTSection, read_record, sha256_file
 from ...runtime.paths import cache_dir
@@ -75,6 +75,14 @@ def _plan_section(section: dict, root: Path) -> dict:
         raise SpecExportError(f"bundle {root} has no TensorRT plan; make one with `specexport build --backend"
                               f" tensorrt --target NAME --plan-only` or `specexport engines plan {root} --target NAME`")
     return section
+
+
+def _section_paths(root: Path, section: dict) -> dict[str, Path]:
+    """Every path the section names, by field, checked as the manifest's reader checks them (typed, inside
+    the bundle, symbolic links included) before anything is read or written: the section may come from a
+    manifest on disk rather than from the planner."""
+    typed = read_record(TensorRTSection, section, "tensorrt")
+    return {where: bundle_file(root, rel, where) for where, rel in typed.paths("tensorrt")}
 
 
 def _check_device(section: dict, device: dict, trt_version: str, any_device: bool, log: Callable) -> None:
@@ -126,12 +134,13 @@ def _configure(trt, builder, builder_settings: dict, cache):
     return config, cache
 
 
-def build_piece(trt, builder, logger, root: Path, name: str, plan: dict, builder_settings: dict, cache):
-    """One engine through the Python API; returns (serialized engine bytes, timing cache)."""
+def build_piece(trt, builder, logger, onnx_path: Path, name: str, plan: dict, builder_settings: dict, cache):
+    """One engine through the Python API from the piece's ONNX file; returns (serialized engine bytes,
+    timing cache)."""
     flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
     network = builder.create_network(flags)
     parser = trt.OnnxParser(network, logger)
-    if not parser.parse_from_file(str(root / plan["onnx"])):
+    if not parser.parse_from_file(str(onnx_path)):
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise SpecExportError(f"TensorRT's ONNX parser rejected piece {name!r}: {errors}")
     config, cache = _configure(trt, builder, builder_settings, cache)
@@ -191,8 +200,9 @@ def record_section(root: Path, manifest: Manifest, section: dict, drop_engines: 
         files = {k: v for k, v in files.items() if not k.endswith(".engine")}
     files.update({e["file"]: e["sha256"] for e in section.get("engines", [])})
     for rel in section.get("files", {}):
-        if (root / rel).is_file():
-            files[rel] = sha256_file(root / rel)
+        path = bundle_file(root, rel, f"tensorrt.files.{rel}")
+        if path.is_file():
+            files[rel] = sha256_file(path)
     section = {**section, "files": {rel: files[rel] for rel in section.get("files", {}) if rel in files}}
     updated = dataclasses.replace(manifest, tensorrt=read_record(TensorRTSection, section, "tensorrt"), files=files)
     return write_manifest(root, updated)
@@ -204,6 +214,7 @@ def build_section(root: Path, section: dict, specs: dict[str, Piece], *, pieces:
     """The TensorRT ``section`` (plain, as the manifest stores it) with the engines of its plan built in
     ``root``, for the pieces ``specs``; what `build_engines` and `specexport build` share."""
     section = _plan_section(section, root)
+    paths = _section_paths(root, section)
     trt, cudart, device = require_tensorrt(trt, cudart)
     trt_version = trt.__version__
     _check_device(section, device, trt_version, any_device, log)
@@ -213,14 +224,14 @@ def build_section(root: Path, section: dict, specs: dict[str, Piece], *, pieces:
         raise SpecExportError(f"the plan has no piece {', '.join(map(repr, unknown))}; it lists"
                               f" {', '.join(section['plan'])}")
     logger = trt.Logger(trt.Logger.WARNING)
-    cache_path = Path(timing_cache) if timing_cache else root / section["builder"]["timing_cache"]
+    cache_path = Path(timing_cache) if timing_cache else paths["tensorrt.builder.timing_cache"]
     shared_cache = None if timing_cache else device_timing_cache(trt_version, device)
     load_from = next((p for p in (cache_path, shared_cache) if p is not None and p.is_file()), None)
     entries = {e["piece"]: e for e in section.get("engines", [])}
     builder, cache = None, None
     for name in names:
         plan = section["plan"][name]
-        engine_path = root / plan["engine"]
+        engine_path = paths[f"tensorrt.plan.{name}.engine"]
         engine_path.parent.mkdir(parents=True, exist_ok=True)
         if adopt:
             if not engine_path.is_file():
@@ -245,7 +256,8 @@ def build_section(root: Path, section: dict, specs: dict[str, Piece], *, pieces:
                     config = builder.create_builder_config()
                     cache = config.create_timing_cache(load_from.read_bytes())
             log(f"building the TensorRT engine of {name} ({len(plan['profiles'])} profiles)")
-            data, cache = build_piece(trt, builder, logger, root, name, plan, section["builder"], cache)
+            data, cache = build_piece(trt, builder, logger, paths[f"tensorrt.plan.{name}.onnx"], name, plan,
+                                      section["builder"], cache)
             write_atomic(engine_path, data)
             built_with = "python-api"
         entries[name] = _engine_meta(name, plan, hashlib.sha256(data).hexdigest(), len(data), trt_version, device,
