@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -55,6 +56,21 @@ MODE_SOURCES = {"ar": (), "lookup": ("lookup",), "model": ("model",), "self": ("
 SOURCE_PIECES = {"model": "drafter", "self": "adapter"}
 BATCH_MODES = (*MODE_SOURCES, "auto")
 ALPHA_PRIOR = 0.5
+
+
+@dataclasses.dataclass
+class StepCounts:
+    """The batched steps so far: how many, the rows they verified in all, and the most rows in one (a step of
+    several rows is work that one request at a time would have done in as many steps)."""
+
+    steps: int = 0
+    row_steps: int = 0
+    max_rows: int = 0
+
+    def record(self, rows: int) -> None:
+        self.steps += 1
+        self.row_steps += rows
+        self.max_rows = max(self.max_rows, rows)
 
 
 class BatchScheduler:
@@ -87,6 +103,9 @@ class BatchScheduler:
         self._tau = dict.fromkeys(BATCH_MODES, 1.0)  # tokens per step lately, by mode: the admission order's guess
         # acceptance lately over all rows, by source: a joining row's starting estimate
         self._alpha = dict.fromkeys(self.sources, ALPHA_PRIOR)
+        self.counts = StepCounts()
+        # called on the loop's thread after each step with its rows and seconds (drafting included)
+        self.on_step: Callable[[int, float], None] | None = None
         self._waiting = AdmissionQueue(self._service_s)
         self._free = list(range(max_batch))
         self._rows: list[Row] = []
@@ -242,6 +261,9 @@ class BatchScheduler:
         t1 = time.perf_counter()
         news, hidden = step(self.pieces, rows)
         t2 = time.perf_counter()
+        self.counts.record(len(rows))
+        if self.on_step is not None:
+            self.on_step(len(rows), t2 - t0)
         for i, (row, new) in enumerate(zip(rows, news, strict=True)):
             drafted, accepted = len(row.draft.tokens), len(new) - 1
             stats = row.request.stats
