@@ -157,7 +157,7 @@ def parity_sequences(tokenizer, vocab: int, context: int, seed: int = 0) -> list
     manifest's chat format, no special tokens added). A template-less model's format is its BOS and the text,
     and a model that always sees a BOS can be far out of its range without one: Gemma 3 270M's first token
     then carries huge activations, and int4 rounding moved its logits several times further than with the BOS,
-    past the bound, failing a bundle that was right (BENCHMARKS.md, 2026-11-25, "Gemma 3 270M at int4")."""
+    past the bound, failing a bundle that was right (docs/journal/2026-11-25.md, "Gemma 3 270M at int4")."""
     rng = np.random.default_rng(seed)
     seqs = [rng.integers(0, vocab, size=24).tolist()]
     fmt = chat_format(tokenizer)

@@ -9,7 +9,7 @@ call of one row as in a call of many (`tools/experiments/kv_rows.py`), so a one-
 and reads a quarter of the cache's bytes. Those kernels run a call row by row, though: a verification call
 costs about a one-token call per row, and a long prompt's attention several times the float cache's. So
 it is a recipe's choice (`[export.quantize] kv_cache = "int8"`), not a default: AR gains, the speculative
-modes lose (BENCHMARKS.md, 2026-11-26 evening).
+modes lose (BENCHMARKS.md, "Where AR's time goes beside GenAI").
 
 The scales are static: one per channel of K and of V in each layer, calibrated here on the recipe's training
 prompts (its [adapter.train] set, never Spec-Bench) through the source model. K is cached after RoPE, which

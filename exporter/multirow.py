@@ -6,7 +6,7 @@ MatMulNBits' int4 kernels (an AVX2 x86 without VNNI; not an AVX-512 VNNI EPYC). 
 last bit differently, while calls of 2, 3, ... 40 rows agree bit for bit row by row (measured). In fp32
 that stays ~1e-6 in the logits; int8 activations (accuracy_level 4) turn such a bit into a different
 rounding step and, after 28 layers, into logit differences of ~1: verifying k drafts in one call would
-disagree with k one-token AR calls, and a speculative mode would drift from AR (BENCHMARKS.md).
+disagree with k one-token AR calls, and a speculative mode would drift from AR (docs/journal/2026-11-23.md).
 
 So a one-row call gets a copy of its row appended, and the copy is dropped from the outputs: in front of
 each GroupQueryAttention only (`pad_one_row_attention`, the `ort` flavour: the runtime checks the rest of
@@ -208,7 +208,7 @@ def padding_for(precision: str, flavour: str, asked: str | None = None, kv_int8:
     """Which one-row calls a build pads: `piece` (every op of shallow and deep, pad_one_row_calls) or
     `attention` (GroupQueryAttention alone, pad_one_row_attention). The `ort` flavour takes `attention`:
     whether its weight MatMuls round a one-row call as a row of many depends on the machine that runs it
-    (MLAS's int4 kernels did not on one x86 CPU and do on another: BENCHMARKS.md), so the runtime checks
+    (MLAS's int4 kernels did not on one x86 CPU and do on another: docs/journal/2026-11-25.md), so the runtime checks
     that at load and pads one-row calls itself where they do not (runtime/row_padding.py), and plain
     decoding keeps one-row weight MatMuls wherever they are exact. The standard flavour (TensorRT engines,
     whose kernels cannot be probed before a GPU runs them) takes `piece`. A recipe's [export]

@@ -26,8 +26,8 @@ from ..runtime.errors import SpecExportError
 from .onnx_builder import MS_DOMAIN
 
 BITS = {"int4": 4, "int8": 8}
-# Chosen by teacher-forced agreement with fp32 and AR speed on SmolLM2-135M (BENCHMARKS.md, "int4 / int8
-# weight-only quantization variants", 2026-11-25 evening and 2026-11-26): at int4 zero points buy agreement at no
+# Chosen by teacher-forced agreement with fp32 and AR speed on SmolLM2-135M (BENCHMARKS.md, "Quantization
+# and agreement with fp32"): at int4 zero points buy agreement at no
 # speed cost, and blocks of 64 lose more agreement than they gain speed, so blocks of 32. At 8 bits a one-token
 # call costs markedly less in blocks of 64 (fewer per-block scale steps) and zero points keep the agreement that
 # the bigger blocks would lose. Blocks of 64 are the largest where MLAS still rounds an 8-bit one-row call as a

@@ -4,8 +4,8 @@ ONNX Runtime 1.32's CPU GroupQueryAttention gives a row the same bits whatever c
 up to 128, but at Gemma 3's 256 a row's result moves when the call's total length (past + new tokens)
 crosses 64, 192, 320, ... (the flash path walks the cache in blocks sized from the L2 cache, 128 keys here,
 and sums a block in one pass up to 64 keys and in two beyond), and, with the flash path off, only when it
-crosses 64 (fixed constants of the non-flash path). BENCHMARKS.md has the measurements
-(tools/experiments/gqa_rows.py). A verification call is longer than the AR calls of its rows, so a row
+crosses 64 (fixed constants of the non-flash path). docs/journal/2026-11-25.md has the measurements
+("Gemma 3 270M at int4"). A verification call is longer than the AR calls of its rows, so a row
 near a crossing would round otherwise than AR, and int8 activations make that another token.
 
 So for such pieces the session creates them with the flash path off (a boundary that does not depend on

@@ -379,7 +379,7 @@ class AutoDrafter:
     The floored token tree (runtime/tree.py) makes the plain-or-speculate call itself, per step, from the
     drafter's probabilities, so with a tree there is no separate plain choice: a running average of the
     tree's yield, which swings from 1 to 10 tokens a step, chose plain steps far too often and ran slower
-    than the tree alone (BENCHMARKS.md).
+    than the tree alone (docs/journal/2026-11-23.md).
 
     A choice not tried yet in the context, or not for its revisit interval, is tried (the text changes, and
     so do the winners). A retry that still loses doubles that interval, up to `max_revisit`, so a clear

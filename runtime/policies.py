@@ -92,7 +92,7 @@ class ConfidencePolicy(_GammaBudget):
 
 # AdaEDL's scale of the entropy in its bound (only (1 - lambda)^2 / scale matters: the entropy in nats
 # above which drafting stops, 0.31 here) and lambda, the best of a sweep on the default bundle by the
-# pieces' measured costs (BENCHMARKS.md, 2026-11-23: figures that were in code comments).
+# pieces' measured costs (BENCHMARKS.md, "Measurements behind constants in the code").
 ENTROPY_SCALE = 0.2
 ENTROPY_LAMBDA = 0.75
 

@@ -279,7 +279,7 @@ def test_int4_build_passes_parity_and_stays_lossless(family, arch, tmp_path):
 def test_parity_runs_the_prompts_as_the_bundle_encodes_them(tmp_path, monkeypatch):
     """A Gemma 3 without a chat template whose tokenizer adds a BOS, as the 270M's GGUF: the bundle prefixes every
     prompt with that BOS (exporter/chat.py), so the parity check must run its prompts with it. The 270M without
-    its BOS is out of its range, and its int4 build failed parity on that alone (BENCHMARKS.md, 2026-11-25)."""
+    its BOS is out of its range, and its int4 build failed parity on that alone (docs/journal/2026-11-25.md)."""
     from specexport.exporter import parity
     from specexport.exporter.build import build_bundle
     from tokenizers import processors

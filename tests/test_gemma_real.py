@@ -4,7 +4,7 @@ output token for token against transformers on the dequantised checkpoint, lossl
 across model families refused with the tokenizer sentence, and a same-tokenizer pair of one family accepted.
 
 The full-size check (20 prompts x 64 tokens) is tools/match_transformers.py: too slow for the suite on two
-cores with a 262k-token LM head (BENCHMARKS.md, 2026-11-25)."""
+cores with a 262k-token LM head (docs/journal/2026-11-25.md)."""
 
 from __future__ import annotations
 

@@ -262,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """CLI: generate (or resume generating) the distillation shards."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, help="HF checkpoint directory of the target model")
-    ap.add_argument("--prompts", required=True, help="prompt JSONL: {id, category, prompt} a line (recipes/data/train_prompts.jsonl)")
+    ap.add_argument("--prompts", required=True, help="prompt JSONL, one {id, category, prompt} a line")
     ap.add_argument("--out", required=True, help="output directory for the shards")
     ap.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
     ap.add_argument("--max-new-tokens", type=int, default=192)

@@ -16,7 +16,7 @@ slots, from a pitch of the old bucket to a pitch of the new one, never within on
 (position 0) starts again at the smallest bucket; a rollback keeps the bucket it has.
 
 The `ort` graphs' GroupQueryAttention writes its one buffer in place (shared mode), but its CPU kernel's time
-also grows with the bound length, not only the used one (BENCHMARKS.md, 2026-11-25 evening), and its rows are
+also grows with the bound length, not only the used one (docs/journal/2026-11-25.md), and its rows are
 the same bit for bit at any length. So those caches follow buckets too, with one slot to spare for the copied
 row of a one-token call (multirow.py), and a growth lays the one buffer out again in place
 (`relayout_in_place`).

@@ -31,7 +31,8 @@ sessions created in the other order, and give each system's time over the first'
     .venv/bin/python tools/experiments/ar_gap.py m1
 
 `merge`, `copy-parts` and `m1` need the exporter's `onnx`; `prefill` of a GenAI model only onnxruntime_genai and
-numpy; the rest numpy, onnxruntime and the runtime. BENCHMARKS.md (2026-11-26) has the figures.
+numpy; the rest numpy, onnxruntime and the runtime. BENCHMARKS.md ("Where AR's time goes beside GenAI") has the
+figures, docs/journal/2026-11-26.md every run.
 """
 
 from __future__ import annotations

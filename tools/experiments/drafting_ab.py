@@ -7,7 +7,7 @@
     # (median of per-question ratios, and totals), mean tokens a step, and whether all gave the same tokens
     taskset -c 0 .venv/bin/python tools/experiments/drafting_ab.py time auto bundles/smollm2 /tmp/fp32-d8
 
-BENCHMARKS.md, 2026-11-26 (late evening), has what it printed.
+BENCHMARKS.md ("The shipped draft pieces") has what it printed.
 """
 
 from __future__ import annotations

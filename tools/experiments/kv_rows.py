@@ -9,8 +9,8 @@
     taskset -c 0 .venv/bin/python tools/experiments/kv_rows.py
 
 SmolLM2-135M's attention shape (9 heads over 3 KV heads of 64), random inputs, one GQA node as
-exporter/llama_graph.py writes it (rotary inside, an attention bias). BENCHMARKS.md, 2026-11-26 (evening),
-has what it printed and what it means for a bundle.
+exporter/llama_graph.py writes it (rotary inside, an attention bias). BENCHMARKS.md ("Where AR's time goes
+beside GenAI") has what it printed and what it means for a bundle.
 """
 
 from __future__ import annotations
