@@ -9,7 +9,7 @@ export SPECEXPORT_CACHE ?= $(CURDIR)/.cache
 
 .PHONY: setup demo test test-lossless lint bench bench-int4 bench-env bench-bar soak serve-soak gpu-stage clean
 
-$(BIN)/specexport: pyproject.toml
+$(BIN)/specexport: pyproject.toml setup.py native/row_attention.cc
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# torch 2.13.0 CPU: pip takes the wheel these machines keep on disk (a plain `torch` would pull CUDA)

@@ -1,0 +1,538 @@
+// specexport.RowInvariantAttention: GroupQueryAttention's job as the `ort` pieces use it, with every output row
+// computed alone.
+//
+// Lossless speculative decoding needs a token's row of a many-row verification call to carry the same bits as
+// the one-row AR call of that token. ONNX Runtime's GroupQueryAttention picks kernels by the call's shape, so
+// it does not. Here a row's arithmetic depends only on its query, its bias row and the keys and values of the
+// slots it sees, taken in slot order with masked slots skipped (a token tree's branch therefore rounds as the
+// same tokens laid out as a chain). Sums run over 16 fixed lanes (element k goes to lane k % 16) with a fixed
+// reduction tree, products accumulate with fused multiply-adds, and exp is a polynomial of our own, so the
+// portable, AVX2 and AVX-512 paths give the same bits and the path taken is only a matter of speed.
+//
+// Inputs (GroupQueryAttention's order): query [B, S, H*hd] or packed q|k|v [B, S, (H+2Hkv)*hd]; key and value
+// [B, S, Hkv*hd] (absent when packed); past_key, past_value [B, Hkv, C, hd] (the in-place cache: bound as the
+// present outputs too, new keys land at slots seqlens_k + 1 - S ...); seqlens_k [B] (total length - 1 per
+// batch row); total_sequence_length []; cos_cache, sin_cache [P, rotary_dim / 2] (rotate-half layout over the
+// first rotary_dim features); position_ids [B, S]; attention_bias [B or 1, 1, S, total] (a value at or below
+// -3e38 masks the slot). Causality is by slot: the query in slot p sees slots 0 .. p.
+// Attributes: num_heads, kv_num_heads, scale (0: hd^-0.5), softcap (0: none), do_rotary.
+//
+// Built without linking libonnxruntime: the API comes from the OrtApiBase that RegisterCustomOps receives
+// (the Python module carries its own copy of the runtime).
+
+#define ORT_API_MANUAL_INIT
+#include "onnxruntime_c_api.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+const OrtApi* g_api = nullptr;
+constexpr int kLanes = 16;
+constexpr float kMasked = -3.0e38f;  // finfo(float32).min and -inf both count as masked
+
+enum class Isa { portable, avx2, avx512 };
+
+// ---------------------------------------------------------------------------------------------------------
+// The canonical arithmetic, written once for one lane (the portable path) and mirrored op for op below.
+
+inline float exp_lane(float x) {  // e^x for x <= 0 (scores minus their maximum)
+  if (x < -87.0f) return 0.0f;
+  float n = std::nearbyint(x * 1.44269504088896341f);
+  float r = std::fma(n, -0.693359375f, x);
+  r = std::fma(n, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  float y = std::fma(p, r * r, r) + 1.0f;
+  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return y * scale;
+}
+
+inline float reduce_lanes(const float* s) {  // the fixed tree: (l, l+8), then (l, l+4), (l, l+2), (0, 1)
+  float t[8], u[4], v[2];
+  for (int l = 0; l < 8; ++l) t[l] = s[l] + s[l + 8];
+  for (int l = 0; l < 4; ++l) u[l] = t[l] + t[l + 4];
+  for (int l = 0; l < 2; ++l) v[l] = u[l] + u[l + 2];
+  return v[0] + v[1];
+}
+
+float dot_portable(const float* a, const float* b, int n) {
+  float acc[kLanes] = {0};
+  for (int d = 0; d < n; ++d) acc[d % kLanes] = std::fma(a[d], b[d], acc[d % kLanes]);
+  return reduce_lanes(acc);
+}
+
+float exp_sum_portable(float* s, int n, float m) {  // s[k] <- e^(s[k] - m); returns their sum
+  float acc[kLanes] = {0};
+  for (int k = 0; k < n; ++k) {
+    s[k] = exp_lane(s[k] - m);
+    acc[k % kLanes] += s[k];
+  }
+  return reduce_lanes(acc);
+}
+
+void axpy_portable(float* acc, float w, const float* v, int n) {
+  for (int d = 0; d < n; ++d) acc[d] = std::fma(w, v[d], acc[d]);
+}
+
+void scale_portable(float* out, const float* acc, float sum, int n) {
+  for (int d = 0; d < n; ++d) out[d] = acc[d] / sum;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// AVX2 + FMA: two 8-lane registers hold lanes 0-7 and 8-15. Head sizes that are not a multiple of 16 take
+// the portable dot product (the same bits, without masked tails).
+
+__attribute__((target("avx2,fma"))) inline float reduce_avx2(__m256 lo, __m256 hi) {
+  __m256 t = _mm256_add_ps(lo, hi);
+  __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+  __m128 v = _mm_add_ps(u, _mm_movehl_ps(u, u));
+  return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
+}
+
+__attribute__((target("avx2,fma"))) float dot_avx2(const float* a, const float* b, int n) {
+  if (n % kLanes) return dot_portable(a, b, n);
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+  for (int d = 0; d < n; d += kLanes) {
+    lo = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), lo);
+    hi = _mm256_fmadd_ps(_mm256_loadu_ps(a + d + 8), _mm256_loadu_ps(b + d + 8), hi);
+  }
+  return reduce_avx2(lo, hi);
+}
+
+__attribute__((target("avx2,fma"))) inline __m256 exp_avx2(__m256 x) {
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693359375f), x);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+  __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  __m256 out = _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+  __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
+  return _mm256_andnot_ps(under, out);
+}
+
+__attribute__((target("avx2,fma"))) float exp_sum_avx2(float* s, int n, float m) {
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps(), mm = _mm256_set1_ps(m);
+  int k = 0;
+  for (; k + kLanes <= n; k += kLanes) {
+    __m256 a = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + k), mm));
+    __m256 b = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + k + 8), mm));
+    _mm256_storeu_ps(s + k, a);
+    _mm256_storeu_ps(s + k + 8, b);
+    lo = _mm256_add_ps(lo, a);
+    hi = _mm256_add_ps(hi, b);
+  }
+  alignas(32) float acc[kLanes];
+  _mm256_store_ps(acc, lo);
+  _mm256_store_ps(acc + 8, hi);
+  for (int l = 0; k < n; ++k, ++l) {  // the tail: lane l gets element k, as in the portable loop
+    s[k] = exp_lane(s[k] - m);
+    acc[l] += s[k];
+  }
+  return reduce_lanes(acc);
+}
+
+__attribute__((target("avx2,fma"))) void axpy_avx2(float* acc, float w, const float* v, int n) {
+  __m256 ww = _mm256_set1_ps(w);
+  int d = 0;
+  for (; d + 8 <= n; d += 8)
+    _mm256_storeu_ps(acc + d, _mm256_fmadd_ps(ww, _mm256_loadu_ps(v + d), _mm256_loadu_ps(acc + d)));
+  for (; d < n; ++d) acc[d] = std::fma(w, v[d], acc[d]);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// AVX-512F: one register holds the 16 lanes.
+
+__attribute__((target("avx512f"))) float dot_avx512(const float* a, const float* b, int n) {
+  if (n % kLanes) return dot_portable(a, b, n);
+  __m512 acc = _mm512_setzero_ps();
+  for (int d = 0; d < n; d += kLanes) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), _mm512_loadu_ps(b + d), acc);
+  alignas(64) float lanes[kLanes];
+  _mm512_store_ps(lanes, acc);
+  return reduce_lanes(lanes);
+}
+
+__attribute__((target("avx512f"))) void axpy_avx512(float* acc, float w, const float* v, int n) {
+  __m512 ww = _mm512_set1_ps(w);
+  int d = 0;
+  for (; d + 16 <= n; d += 16)
+    _mm512_storeu_ps(acc + d, _mm512_fmadd_ps(ww, _mm512_loadu_ps(v + d), _mm512_loadu_ps(acc + d)));
+  for (; d < n; ++d) acc[d] = std::fma(w, v[d], acc[d]);
+}
+
+struct Kernels {
+  float (*dot)(const float*, const float*, int);
+  float (*exp_sum)(float*, int, float);
+  void (*axpy)(float*, float, const float*, int);
+};
+
+Isa detect_isa() {
+  // SPECEXPORT_ATTENTION_ISA=portable|avx2 forces a path (the tests compare them); the default is the widest
+  const char* forced = std::getenv("SPECEXPORT_ATTENTION_ISA");
+  std::string want = forced ? forced : "";
+  __builtin_cpu_init();
+  bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  bool avx512 = avx2 && __builtin_cpu_supports("avx512f");
+  if (want == "portable") return Isa::portable;
+  if (want == "avx2") return avx2 ? Isa::avx2 : Isa::portable;
+  return avx512 ? Isa::avx512 : avx2 ? Isa::avx2 : Isa::portable;
+}
+
+Kernels kernels_for(Isa isa) {
+  switch (isa) {
+    case Isa::avx512: return {dot_avx512, exp_sum_avx2, axpy_avx512};
+    case Isa::avx2: return {dot_avx2, exp_sum_avx2, axpy_avx2};
+    default: return {dot_portable, exp_sum_portable, axpy_portable};
+  }
+}
+
+const char* isa_name(Isa isa) {
+  return isa == Isa::avx512 ? "avx512" : isa == Isa::avx2 ? "avx2" : "portable";
+}
+
+// ---------------------------------------------------------------------------------------------------------
+
+struct Attrs {
+  int64_t heads = 0, kv_heads = 0, do_rotary = 0;
+  float scale = 0.0f, softcap = 0.0f;
+};
+
+struct Call {  // one Compute's shapes and pointers, shared by the parallel loops
+  Attrs a;
+  Kernels k;
+  int64_t B, S, hd, C, half, bias_batch, bias_width, cos_rows;
+  bool packed;
+  const float *q, *knew, *vnew, *cos, *sin, *bias;
+  int64_t q_stride, kv_stride, k_off, v_off;  // per token: floats in the query (and key/value) rows
+  const int64_t* pos;
+  std::vector<int64_t> past;  // per batch row: the slot of the call's first token
+  float *kc, *vc, *out;
+};
+
+inline int64_t position(const Call& c, int64_t b, int64_t i) {
+  return c.pos ? c.pos[b * c.S + i] : c.past[b] + i;
+}
+
+void rotate(const Call& c, const float* x, float* y, int64_t p) {
+  std::memcpy(y, x, sizeof(float) * c.hd);
+  if (!c.a.do_rotary) return;
+  const float* cs = c.cos + p * c.half;
+  const float* sn = c.sin + p * c.half;
+  for (int64_t d = 0; d < c.half; ++d) {
+    float x1 = x[d], x2 = x[d + c.half];
+    y[d] = x1 * cs[d] - x2 * sn[d];
+    y[d + c.half] = x2 * cs[d] + x1 * sn[d];
+  }
+}
+
+void write_kv(void* data, size_t item) {  // item: (b, kv head, i) -> the new key (rotated) and value in the cache
+  const Call& c = *static_cast<const Call*>(data);
+  int64_t i = item % c.S, kh = (item / c.S) % c.a.kv_heads, b = item / (c.S * c.a.kv_heads);
+  int64_t slot = c.past[b] + i;
+  const float* krow = c.knew + (b * c.S + i) * c.kv_stride + c.k_off + kh * c.hd;
+  const float* vrow = c.vnew + (b * c.S + i) * c.kv_stride + c.v_off + kh * c.hd;
+  size_t at = ((b * c.a.kv_heads + kh) * c.C + slot) * c.hd;
+  rotate(c, krow, c.kc + at, position(c, b, i));
+  std::memcpy(c.vc + at, vrow, sizeof(float) * c.hd);
+}
+
+void attend(void* data, size_t item) {  // item: (b, head, i) -> one output row
+  const Call& c = *static_cast<const Call*>(data);
+  int64_t i = item % c.S, h = (item / c.S) % c.a.heads, b = item / (c.S * c.a.heads);
+  int64_t kh = h / (c.a.heads / c.a.kv_heads);
+  thread_local std::vector<float> scores, qrot, acc;
+  thread_local std::vector<int64_t> slots;
+  int64_t last = c.past[b] + i;  // the query's own slot
+  scores.resize(last + 1);
+  slots.resize(last + 1);
+  qrot.resize(c.hd);
+  acc.assign(c.hd, 0.0f);
+  rotate(c, c.q + (b * c.S + i) * c.q_stride + h * c.hd, qrot.data(), position(c, b, i));
+  const float* bias = c.bias ? c.bias + ((c.bias_batch == 1 ? 0 : b) * c.S + i) * c.bias_width : nullptr;
+  const float* keys = c.kc + (b * c.a.kv_heads + kh) * c.C * c.hd;
+  const float* vals = c.vc + (b * c.a.kv_heads + kh) * c.C * c.hd;
+  int n = 0;
+  float m = -INFINITY;
+  for (int64_t j = 0; j <= last; ++j) {
+    float add = bias ? bias[j] : 0.0f;
+    if (add <= kMasked) continue;
+    float s = c.k.dot(qrot.data(), keys + j * c.hd, static_cast<int>(c.hd)) * c.a.scale;
+    if (c.a.softcap > 0.0f) s = c.a.softcap * std::tanh(s / c.a.softcap);
+    s += add;
+    scores[n] = s;
+    slots[n++] = j;
+    m = std::max(m, s);
+  }
+  float* out = c.out + (b * c.S + i) * c.a.heads * c.hd + h * c.hd;
+  if (n == 0) {
+    std::memset(out, 0, sizeof(float) * c.hd);
+    return;
+  }
+  float sum = c.k.exp_sum(scores.data(), n, m);
+  for (int t = 0; t < n; ++t) c.k.axpy(acc.data(), scores[t], vals + slots[t] * c.hd, static_cast<int>(c.hd));
+  scale_portable(out, acc.data(), sum, static_cast<int>(c.hd));
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// ONNX Runtime glue
+
+struct Kernel {
+  Attrs a;
+  Kernels k;
+};
+
+OrtStatus* fail(const std::string& msg) { return g_api->CreateStatus(ORT_INVALID_ARGUMENT, msg.c_str()); }
+
+#define RETURN_IF(expr)              \
+  do {                               \
+    OrtStatus* status_ = (expr);     \
+    if (status_) return status_;     \
+  } while (0)
+
+struct Tensor {
+  const OrtValue* value = nullptr;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+};
+
+OrtStatus* input(OrtKernelContext* ctx, size_t index, Tensor* t) {
+  RETURN_IF(g_api->KernelContext_GetInput(ctx, index, &t->value));
+  if (!t->value) return nullptr;
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  RETURN_IF(g_api->GetTensorTypeAndShape(t->value, &info));
+  size_t rank = 0;
+  OrtStatus* st = g_api->GetDimensionsCount(info, &rank);
+  if (!st) {
+    t->shape.resize(rank);
+    st = g_api->GetDimensions(info, t->shape.data(), rank);
+  }
+  g_api->ReleaseTensorTypeAndShapeInfo(info);
+  RETURN_IF(st);
+  void* data = nullptr;  // read only: API 21 has no const accessor
+  RETURN_IF(g_api->GetTensorMutableData(const_cast<OrtValue*>(t->value), &data));
+  t->data = data;
+  return nullptr;
+}
+
+template <typename T>
+const T* as(const Tensor& t) { return static_cast<const T*>(t.data); }
+
+OrtStatus* output(OrtKernelContext* ctx, size_t index, const std::vector<int64_t>& shape, float** data) {
+  OrtValue* v = nullptr;
+  RETURN_IF(g_api->KernelContext_GetOutput(ctx, index, shape.data(), shape.size(), &v));
+  return g_api->GetTensorMutableData(v, reinterpret_cast<void**>(data));
+}
+
+// Present = past with the new rows written. Where the caller bound one buffer as both (the runtime does), the
+// past is already there; otherwise it is copied first.
+void carry_past(const float* past, float* present, int64_t rows, int64_t c_past, int64_t c_present, int64_t hd) {
+  if (past == present) return;
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(present + r * c_present * hd, past + r * c_past * hd, sizeof(float) * c_past * hd);
+}
+
+OrtStatus* compute(void* op_kernel, OrtKernelContext* ctx) {
+  const Kernel& kern = *static_cast<Kernel*>(op_kernel);
+  Tensor q, k, v, pk, pv, seqlens, total, cs, sn, pos, bias;
+  Tensor* all[] = {&q, &k, &v, &pk, &pv, &seqlens, &total, &cs, &sn, &pos, &bias};
+  size_t count = 0;
+  RETURN_IF(g_api->KernelContext_GetInputCount(ctx, &count));
+  for (size_t idx = 0; idx < 11 && idx < count; ++idx) RETURN_IF(input(ctx, idx, all[idx]));
+  Call c;
+  c.a = kern.a;
+  c.k = kern.k;
+  if (!q.value || !pk.value || !pv.value || !seqlens.value) return fail("RowInvariantAttention needs query, past_key, past_value and seqlens_k");
+  if (q.shape.size() != 3 || pk.shape.size() != 4 || pk.shape != pv.shape)
+    return fail("RowInvariantAttention: query must be [batch, seq, features] and the caches [batch, kv_heads, slots, head_dim]");
+  c.B = q.shape[0];
+  c.S = q.shape[1];
+  c.hd = pk.shape[3];
+  c.C = pk.shape[2];
+  int64_t H = c.a.heads, Hk = c.a.kv_heads;
+  if (pk.shape[0] != c.B || pk.shape[1] != Hk) return fail("RowInvariantAttention: the caches' batch or kv heads do not match the query's");
+  c.packed = !k.value;
+  if (c.packed) {
+    if (q.shape[2] != (H + 2 * Hk) * c.hd) return fail("RowInvariantAttention: packed query's features are not (heads + 2 kv_heads) * head_dim");
+    c.q_stride = c.kv_stride = q.shape[2];
+    c.knew = c.vnew = as<float>(q);
+    c.k_off = H * c.hd;
+    c.v_off = (H + Hk) * c.hd;
+  } else {
+    if (!v.value || q.shape[2] != H * c.hd || k.shape != v.shape || k.shape.size() != 3 || k.shape[2] != Hk * c.hd ||
+        k.shape[0] != c.B || k.shape[1] != c.S)
+      return fail("RowInvariantAttention: query, key and value do not match num_heads, kv_num_heads and head_dim");
+    c.q_stride = H * c.hd;
+    c.kv_stride = Hk * c.hd;
+    c.knew = as<float>(k);
+    c.vnew = as<float>(v);
+    c.k_off = c.v_off = 0;
+  }
+  c.q = as<float>(q);
+  if (seqlens.shape.size() != 1 || seqlens.shape[0] != c.B) return fail("RowInvariantAttention: seqlens_k must be [batch]");
+  c.past.resize(c.B);
+  for (int64_t b = 0; b < c.B; ++b) {
+    c.past[b] = static_cast<int64_t>(as<int32_t>(seqlens)[b]) + 1 - c.S;
+    if (c.past[b] < 0 || c.past[b] + c.S > c.C)
+      return fail("RowInvariantAttention: seqlens_k puts the call's tokens outside the cache (" + std::to_string(c.C) + " slots)");
+  }
+  c.cos = c.sin = nullptr;
+  c.half = 0;
+  c.cos_rows = 0;
+  if (c.a.do_rotary) {
+    if (!cs.value || !sn.value || cs.shape.size() != 2 || cs.shape != sn.shape || 2 * cs.shape[1] > c.hd)
+      return fail("RowInvariantAttention: do_rotary needs cos_cache and sin_cache [positions, rotary_dim / 2]");
+    c.cos = as<float>(cs);
+    c.sin = as<float>(sn);
+    c.half = cs.shape[1];
+    c.cos_rows = cs.shape[0];
+  }
+  c.pos = pos.value ? as<int64_t>(pos) : nullptr;
+  if (c.pos && (pos.shape.size() != 2 || pos.shape[0] != c.B || pos.shape[1] != c.S))
+    return fail("RowInvariantAttention: position_ids must be [batch, seq]");
+  for (int64_t b = 0; b < c.B && c.a.do_rotary; ++b)
+    for (int64_t i = 0; i < c.S; ++i) {
+      int64_t p = position(c, b, i);
+      if (p < 0 || p >= c.cos_rows) return fail("RowInvariantAttention: a position is outside the rotary tables");
+    }
+  c.bias = bias.value ? as<float>(bias) : nullptr;
+  c.bias_batch = 1;
+  c.bias_width = 0;
+  if (c.bias) {
+    if (bias.shape.size() != 4 || (bias.shape[0] != 1 && bias.shape[0] != c.B) || bias.shape[1] != 1 || bias.shape[2] != c.S)
+      return fail("RowInvariantAttention: attention_bias must be [batch or 1, 1, seq, total]");
+    c.bias_batch = bias.shape[0];
+    c.bias_width = bias.shape[3];
+    for (int64_t b = 0; b < c.B; ++b)
+      if (c.past[b] + c.S > c.bias_width) return fail("RowInvariantAttention: attention_bias is narrower than the call's total length");
+  }
+  std::vector<int64_t> out_shape = {c.B, c.S, H * c.hd};
+  float* pk_out = nullptr;
+  float* pv_out = nullptr;
+  RETURN_IF(output(ctx, 0, out_shape, &c.out));
+  RETURN_IF(output(ctx, 1, pk.shape, &pk_out));
+  RETURN_IF(output(ctx, 2, pv.shape, &pv_out));
+  carry_past(as<float>(pk), pk_out, c.B * Hk, c.C, c.C, c.hd);
+  carry_past(as<float>(pv), pv_out, c.B * Hk, c.C, c.C, c.hd);
+  c.kc = pk_out;
+  c.vc = pv_out;
+  // all new keys and values first: a row reads those of the call's earlier rows
+  RETURN_IF(g_api->KernelContext_ParallelFor(ctx, write_kv, static_cast<size_t>(c.B * Hk * c.S), 0, &c));
+  return g_api->KernelContext_ParallelFor(ctx, attend, static_cast<size_t>(c.B * H * c.S), 0, &c);
+}
+
+template <typename T>
+OrtStatus* attribute(const OrtKernelInfo* info, const char* name, T* value);
+
+template <>
+OrtStatus* attribute(const OrtKernelInfo* info, const char* name, int64_t* value) {
+  OrtStatus* st = g_api->KernelInfoGetAttribute_int64(info, name, value);
+  if (st) g_api->ReleaseStatus(st);  // absent: keep the default
+  return nullptr;
+}
+
+template <>
+OrtStatus* attribute(const OrtKernelInfo* info, const char* name, float* value) {
+  OrtStatus* st = g_api->KernelInfoGetAttribute_float(info, name, value);
+  if (st) g_api->ReleaseStatus(st);
+  return nullptr;
+}
+
+OrtStatus* create_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info, void** out) {
+  Kernel* kern = new Kernel;
+  attribute(info, "num_heads", &kern->a.heads);
+  attribute(info, "kv_num_heads", &kern->a.kv_heads);
+  attribute(info, "do_rotary", &kern->a.do_rotary);
+  attribute(info, "scale", &kern->a.scale);
+  attribute(info, "softcap", &kern->a.softcap);
+  if (kern->a.heads <= 0 || kern->a.kv_heads <= 0 || kern->a.heads % kern->a.kv_heads) {
+    delete kern;
+    return fail("RowInvariantAttention: num_heads must be a positive multiple of kv_num_heads");
+  }
+  kern->k = kernels_for(detect_isa());
+  *out = kern;
+  return nullptr;
+}
+
+struct Op : OrtCustomOp {
+  Op(uint32_t api_version) {
+    std::memset(static_cast<OrtCustomOp*>(this), 0, sizeof(OrtCustomOp));
+    version = api_version;
+    GetName = [](const OrtCustomOp*) { return "RowInvariantAttention"; };
+    GetExecutionProviderType = [](const OrtCustomOp*) { return "CPUExecutionProvider"; };
+    GetInputTypeCount = [](const OrtCustomOp*) -> size_t { return 11; };
+    GetInputType = [](const OrtCustomOp*, size_t i) {
+      if (i == 5 || i == 6) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
+      if (i == 9) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
+      return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    };
+    GetOutputTypeCount = [](const OrtCustomOp*) -> size_t { return 3; };
+    GetOutputType = [](const OrtCustomOp*, size_t) { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; };
+    GetInputCharacteristic = [](const OrtCustomOp*, size_t i) {
+      bool required = i == 0 || i == 3 || i == 4 || i == 5 || i == 6;
+      return required ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
+    };
+    GetOutputCharacteristic = [](const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; };
+    GetInputMemoryType = [](const OrtCustomOp*, size_t) { return OrtMemTypeDefault; };
+    GetVariadicInputMinArity = [](const OrtCustomOp*) { return 1; };
+    GetVariadicInputHomogeneity = [](const OrtCustomOp*) { return 1; };
+    GetVariadicOutputMinArity = [](const OrtCustomOp*) { return 1; };
+    GetVariadicOutputHomogeneity = [](const OrtCustomOp*) { return 1; };
+    CreateKernelV2 = create_kernel;
+    KernelComputeV2 = compute;
+    KernelDestroy = [](void* k) { delete static_cast<Kernel*>(k); };
+    GetStartVersion = [](const OrtCustomOp*) { return 1; };
+    GetEndVersion = [](const OrtCustomOp*) { return 1 << 30; };
+    GetMayInplace = [](int**, int**) -> size_t { return 0; };
+    ReleaseMayInplace = [](int*, int*) {};
+    GetAliasMap = [](int**, int**) -> size_t { return 0; };
+    ReleaseAliasMap = [](int*, int*) {};
+  }
+};
+
+}  // namespace
+
+extern "C" {
+
+// The ONNX Runtime entry point. The newest API this library knows that the loading runtime offers is taken
+// (ParallelFor, the oldest call used, came in API 17).
+__attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
+                                                                                const OrtApiBase* base) {
+  uint32_t version = ORT_API_VERSION;
+  const OrtApi* api = nullptr;
+  for (; version >= 17 && !api; --version) api = base->GetApi(version);
+  if (!api) return nullptr;  // nothing to report the failure through; the session then lacks the op
+  g_api = api;
+  static Op op(version + 1);
+  static OrtCustomOpDomain* domain = nullptr;
+  if (!domain) {
+    RETURN_IF(g_api->CreateCustomOpDomain("specexport", &domain));
+    RETURN_IF(g_api->CustomOpDomain_Add(domain, &op));
+  }
+  return g_api->AddCustomOpDomain(options, domain);
+}
+
+// The path the kernels take on this CPU, for `specexport doctor`.
+__attribute__((visibility("default"))) const char* SpecexportAttentionIsa() { return isa_name(detect_isa()); }
+
+}  // extern "C"

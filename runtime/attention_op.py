@@ -1,0 +1,68 @@
+"""The row-invariant attention operator: a custom-op library built with the package, found and loaded here.
+
+`specexport.RowInvariantAttention` (native/row_attention.cc) does GroupQueryAttention's job in the `ort`
+pieces with every output row computed alone, so a one-row call rounds as a row of a many-row call. It is
+compiled when the package is installed (setup.py) and lives beside this module; nothing is compiled at run
+time. A session whose pieces use it registers the library before it opens them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.machinery
+from pathlib import Path
+
+import onnxruntime as ort
+
+from .errors import SpecExportError
+
+DOMAIN = "specexport"
+OP_TYPE = "RowInvariantAttention"
+LIBRARY = "_row_attention"
+HOW_TO_BUILD = ("reinstall specexport where a C++ compiler is on the PATH (`make setup`, or `pip install .`),"
+                " or rebuild the bundle with --attention gqa")
+
+
+def library_path() -> Path | None:
+    """The built library inside the installed package, or None where the install built none."""
+    here = Path(__file__).resolve().parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        candidate = here / f"{LIBRARY}{suffix}"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def load_error() -> str | None:
+    """Why the library cannot serve this process, in one sentence; None where it can."""
+    path = library_path()
+    if path is None:
+        return f"specexport was installed without its attention operator; {HOW_TO_BUILD}"
+    try:
+        ctypes.CDLL(str(path))
+    except OSError as exc:
+        return f"the attention operator at {path} does not load here ({exc}); {HOW_TO_BUILD}"
+    return None
+
+
+def available() -> bool:
+    return load_error() is None
+
+
+def isa() -> str | None:
+    """The vector path the operator takes on this CPU (avx512, avx2 or portable), None without the library."""
+    if not available():
+        return None
+    lib = ctypes.CDLL(str(library_path()))
+    lib.SpecexportAttentionIsa.restype = ctypes.c_char_p
+    return lib.SpecexportAttentionIsa().decode()
+
+
+def register(options: ort.SessionOptions) -> None:
+    """Adds the operator to `options`; refuses in one sentence where the library is missing or does not load."""
+    error = load_error()
+    if error is not None:
+        raise SpecExportError(error)
+    options.register_custom_ops_library(str(library_path()))

@@ -1,0 +1,60 @@
+"""The attention operator is built where the package is installed: the build backend declares it, `make setup`
+runs that backend, and the installed package carries a library built from today's source that ONNX Runtime
+can load without a libonnxruntime of its own."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import onnxruntime as ort
+from specexport.runtime import attention_op
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCE = REPO / "native" / "row_attention.cc"
+
+
+def _extensions() -> list[tuple[str, list[str]]]:
+    """(name, sources) of every Extension(...) call in setup.py, read without running it."""
+    found = []
+    for node in ast.walk(ast.parse((REPO / "setup.py").read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Extension":
+            name = ast.literal_eval(node.args[0])
+            sources = next(ast.literal_eval(k.value) for k in node.keywords if k.arg == "sources")
+            found.append((name, sources))
+    return found
+
+
+def test_the_build_backend_declares_the_operator():
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert re.search(r'^build-backend = "setuptools.build_meta"$', pyproject, re.M), \
+        "setup.py's extension is built only by setuptools' backend"
+    assert (f"specexport.runtime.{attention_op.LIBRARY}", ["native/row_attention.cc"]) in _extensions()
+    assert "build_ext" in (REPO / "setup.py").read_text()  # the command that fetches the headers first
+    assert "include native/*.cc" in (REPO / "MANIFEST.in").read_text()  # an sdist can build it too
+
+
+def test_make_setup_installs_through_the_backend_and_rebuilds_on_change():
+    makefile = (REPO / "Makefile").read_text()
+    rule = re.search(r"^\$\(BIN\)/specexport:(.*)$\n((?:\t.*\n)+)", makefile, re.M)
+    assert rule, "the Makefile has no $(BIN)/specexport rule"
+    prerequisites, recipe = rule.group(1).split(), rule.group(2)
+    assert {"pyproject.toml", "setup.py", "native/row_attention.cc"} <= set(prerequisites)
+    assert re.search(r"pip install .*-e '\.\[", recipe), "make setup no longer installs the package itself"
+    assert "SPECEXPORT_NO_NATIVE" not in makefile
+
+
+def test_the_installed_package_carries_a_current_library():
+    path = attention_op.library_path()
+    assert path is not None, f"the installed package has no attention operator: {attention_op.load_error()}"
+    assert path.stat().st_mtime >= SOURCE.stat().st_mtime, f"{path.name} is older than its source: run make setup"
+    assert attention_op.load_error() is None
+    # the Python module's own runtime serves it: the library must not pull in a second one
+    assert b"libonnxruntime.so" not in path.read_bytes()
+
+
+def test_onnx_runtime_registers_it():
+    opts = ort.SessionOptions()
+    attention_op.register(opts)  # raises where ONNX Runtime cannot load it
+    assert attention_op.isa() in ("avx512", "avx2", "portable")
