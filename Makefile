@@ -84,12 +84,12 @@ bench-bar: setup $(BUNDLE)/manifest.json
 	$(BIN)/specexport bench --bundle $(BUNDLE) --out reports/bar --modes self,lookup,auto --tree $(BENCH_TREES) \
 		--baselines none --limit 3 --repeats 3 --max-new-tokens 128 --no-memory
 
-# A long run in one process (issue 22): 1,000 generations across every mode, RSS and open fds every 100
+# A long run in one process: 1,000 generations across every mode, RSS and open fds every 100
 # (bench/soak.py; fails when memory grows more than 5% after warm-up or the fds move); ~25 minutes here.
 soak: setup $(BUNDLE)/manifest.json
 	$(BIN)/python -m specexport.bench.soak --bundle $(BUNDLE) --generations 1000 --out reports/soak.json
 
-# `specexport serve` over HTTP (issue 23): 1,000 requests of every kind, clients that leave mid-stream and bad ones
+# `specexport serve` over HTTP: 1,000 requests of every kind, clients that leave mid-stream and bad ones
 # among them, the server's RSS and open fds every 100, SIGTERM at the end (tools/serve_soak.py)
 serve-soak: setup $(BUNDLE)/manifest.json
 	$(BIN)/python tools/serve_soak.py --bundle $(BUNDLE) --requests 1000 --out reports/serve-soak.json

@@ -4,7 +4,8 @@ what runs but measures badly; n/a where the thing does not apply), with the sent
 A `System` reads the machine (commands, files, installed distributions, the tensorrt / cuda-python /
 onnxruntime modules); the verdicts are computed from what it returns, so a test double of `System` shows
 the verdicts of machines this project does not have (TensorRT 8.6, cuda-python 13 on JetPack 6, both
-ONNX Runtime packages). Facts behind the rules: /work/shared/DESIGN.md and issue 20.
+ONNX Runtime packages). The facts behind the rules (which versions each device ships, what each needs) are in
+docs/tensorrt-jetson.md.
 """
 
 from __future__ import annotations

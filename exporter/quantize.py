@@ -44,8 +44,8 @@ class QuantSpec:
     block_size: int = 32
     symmetric: bool = True
     accuracy_level: int = 4  # 4: int8 activations and integer dot products in ORT's CPU kernel
-    # the LM head is ~20% of the weights read per token: an fp32 head cost a third of int4's AR speed for the
-    # agreement that the error-minimising scales below also buy, at no cost
+    # the LM head is a large share of the weights read per token: an fp32 head cost much of int4's AR speed for
+    # the agreement that the error-minimising scales below also buy, at no cost
     lm_head: bool = True
     search: bool = True  # per block, the scale of least squared error rather than plain min-max
     # The LM head is a large share of a one-token call's MatMulNBits time, and its cost falls with the block
@@ -158,7 +158,7 @@ def _quantize_blocks(w: np.ndarray, spec: QuantSpec) -> tuple[np.ndarray, np.nda
 def _candidates(wt: np.ndarray, spec: QuantSpec):
     """(scale, zero point) per block to try. Plain min-max rounding wastes range on one outlier per
     block; trying narrower (and, symmetric, slightly wider) ranges and keeping the one with the least
-    squared error cuts the weight error by about a fifth on SmolLM2 (measured)."""
+    squared error cuts the weight error noticeably (BENCHMARKS.md, "Measurements behind constants in the code")."""
     qmax = (1 << spec.bits) - 1
     mid = 1 << (spec.bits - 1)
     shrink = np.linspace(0.75, 1.1, 15) if spec.search else [1.0]

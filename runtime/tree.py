@@ -69,9 +69,9 @@ def trees_supported(pieces: Pieces, mode: str = "model") -> bool:
 
 
 # auto's tree: up to four drafter tokens three deep, but a token is verified only when the drafter gives its
-# branch 8% or more, and a branch is extended only at 30% or more, plus lookup's branch. On the 2-core CPU a
-# verified token costs about 6% of a one-token step, so most steps verify the one or two likely tokens and
-# no more (BENCHMARKS.md). A GPU, whose verify cost is flat in the tree's size, would want more.
+# branch 8% or more, and a branch is extended only at 30% or more, plus lookup's branch. On a CPU each verified
+# token adds to a step's cost, so most steps verify the one or two likely tokens and no more (BENCHMARKS.md,
+# "Measurements behind constants in the code"). A GPU, whose verify cost is flat in the tree's size, would want more.
 AUTO_TREE = TreeShape(4, 3, 2, keep=0.08, expand=0.3)
 
 

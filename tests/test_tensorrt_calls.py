@@ -477,7 +477,7 @@ def test_trt_piece_call_order_and_kv_swap(bundle):
     assert profile == 0  # prefill
     for i in range(2):
         for kind in ("key", "value"):
-            assert first[f"past_{kind}.{i}"] != first[f"present_{kind}.{i}"]  # never one buffer for both (4681)
+            assert first[f"past_{kind}.{i}"] != first[f"present_{kind}.{i}"]  # never one buffer for both
     assert first["logits_to_keep"] == piece._host_shape_values["logits_to_keep"].ctypes.data  # host memory
     out, second, profile = run(1, 20, 1)
     assert profile == 1  # decode

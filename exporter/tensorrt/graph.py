@@ -2,7 +2,7 @@
 
 The standard flavour writes new keys/values with ScatterElements and returns the whole cache as a new tensor,
 so TensorRT needs two buffers per cache whose roles swap after every call (binding one buffer as both input
-and output gives wrong results: TensorRT issue 4681). ONNX's TensorScatter (opset 24) is the same update
+and output gives wrong results in TensorRT). ONNX's TensorScatter (opset 24) is the same update
 written so that TensorRT 10.15+ imports it as its KV-cache update layer, whose output must share the input
 cache's memory: one buffer per cache, updated in place.
 

@@ -13,7 +13,7 @@ its profile gives values, not dimensions, and the most logits rows any call may 
 ``verify_max`` (a prefill needs one row; a 2,048-row fp32 logits buffer would cost 400 MB).
 
 Each piece's KV binding follows its graph: ``swap`` (ScatterElements, two buffers per cache, never one
-buffer bound as both input and output: TensorRT issue 4681) or ``inplace`` (TensorScatter, which TensorRT
+buffer bound as both input and output, which TensorRT computes wrong) or ``inplace`` (TensorScatter, which TensorRT
 10.15+ imports as an in-place KV-cache update: one buffer, bound as both).
 
 The engine build itself runs on the device (``specexport engines build`` or the scripts): TensorRT
@@ -217,7 +217,7 @@ def plan_tensorrt(bundle_dir: Path, pieces: dict[str, Piece], target: str | dict
                                   " file); rebuild the bundle with --backend tensorrt")
         if spec.kv.count and spec.kv.mode != "swap":
             raise SpecExportError(f"piece {name!r} binds its KV cache in {spec.kv.mode!r} mode; TensorRT"
-                                  " needs the standard flavour's cache outputs (TensorRT issue 4681); rebuild the"
+                                  " needs the standard flavour's cache outputs; rebuild the"
                                   " bundle with --backend tensorrt")
 
     builder = {"strongly_typed": True, "precision": build["precision"], "workspace_mib": build["workspace_mib"],

@@ -21,7 +21,8 @@ OPS_FILE = "trt_ops.json"
 PRECISIONS = ("fp16",)  # strongly typed builds take the precision from the ONNX file
 HARDWARE_COMPAT = ("none", "ampere+")
 # how the engines write their KV caches: "inplace" (TensorScatter, which TensorRT turns into an in-place
-# KV-cache update) where the target's TensorRT parses it, else "swap" (two buffers, TensorRT issue 4681)
+# KV-cache update) where the target's TensorRT parses it, else "swap" (two buffers: TensorRT computes one buffer
+# bound as both input and output wrong)
 KV_UPDATES = ("auto", "inplace", "swap")
 EXPORT_OPSET = {"swap": 17, "inplace": 24}  # the graph builder's opset; TensorScatter needs opset 24
 BUILD_DEFAULTS = {"precision": "fp16", "max_batch": 1, "builder_optimization_level": 3,

@@ -9,8 +9,8 @@ follows the piece's graph (the plan's ``kv.mode``):
 * ``inplace`` (TensorScatter, TensorRT 10.15+): TensorRT's KV-cache update layer writes the new entries
   into the cache it reads, so the one buffer is bound as both ``past_*`` and ``present_*``;
 * ``swap`` (ScatterElements, every TensorRT): the graph returns the whole updated cache, and binding one
-  buffer as both input and output computes wrong results (TensorRT issue 4681), so each cache has two
-  device buffers whose roles swap after every call.
+  buffer as both input and output computes wrong results (a TensorRT defect, docs/tensorrt-jetson.md), so
+  each cache has two device buffers whose roles swap after every call.
 
 Rolling back after a rejected draft is free either way (attention masks positions past the query). Only
 the small outputs (hidden states, logits rows, draft token and probability) are copied back.
@@ -100,7 +100,7 @@ def kv_binding_mode(kv_mode: str, trt_version: str) -> str:
     """How a piece's KV caches are bound under TensorRT ``trt_version``: 'inplace' (one buffer bound as input
     and output; only for TensorScatter graphs, which TensorRT 10.15+ updates in place) or 'swap' (two
     buffers, roles exchanged after each call). ONNX Runtime's shared-buffer mode is refused: TensorRT
-    computes a buffer bound as both input and output of an ordinary graph wrong (issue 4681)."""
+    computes a buffer bound as both input and output of an ordinary graph wrong."""
     if kv_mode == "swap":
         return "swap"
     if kv_mode == "inplace":
@@ -112,7 +112,7 @@ def kv_binding_mode(kv_mode: str, trt_version: str) -> str:
     if kv_mode == "shared":
         raise SpecExportError("this piece binds one KV buffer as both input and output of ONNX Runtime's"
                               " GroupQueryAttention (the 'ort' flavour), which TensorRT cannot parse and would"
-                              " compute wrong (issue 4681); rebuild the bundle with `specexport build --backend"
+                              " compute wrong; rebuild the bundle with `specexport build --backend"
                               " tensorrt --target NAME`")
     raise SpecExportError(f"unknown KV cache mode {kv_mode!r} in the manifest; rebuild the bundle")
 
@@ -438,7 +438,7 @@ class TrtPiece:
             self._bind_address(ctx, name, self._in[name].ptr)
         for past, present, buffers, shape in self._kv:
             self._bind_shape(ctx, profile, past, (*shape[:2], slots, *shape[3:]))
-            # swap: two distinct buffers (issue 4681); inplace: the one buffer TensorRT's cache update writes into
+            # swap: two distinct buffers, never one as both; inplace: the one buffer TensorRT's cache update writes into
             self._bind_address(ctx, past, buffers[0].ptr)
             self._bind_address(ctx, present, buffers[-1].ptr)
         out_ptrs = {t.name: (device_out or {}).get(t.name, self._out[t.name].ptr) for t in self.result_specs}

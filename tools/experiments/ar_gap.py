@@ -1,7 +1,7 @@
 """What stands between specexport's AR and ONNX Runtime GenAI's, measured part by part. `calls` and `padding` time
 their systems side by side in one process, token by token in lockstep, then again in a fresh process with the
 sessions created in the other order, and give each system's time over the first's as the mean of the two orders
-(in one process the session created first ran up to 7% slower here, whichever it was).
+(in one process the session created first ran measurably slower, whichever it was).
 
     # the bundle's shallow + deep joined into one graph (one session call a token instead of two), written
     # to OUT/full.onnx; then AR through the two pieces against AR through the one graph
@@ -255,7 +255,7 @@ def padding(bundles: list[str], rounds: int, tokens: int, reverse: bool) -> dict
 
 def both_orders(args, medians: dict[str, float]) -> None:
     """The same measurement again in a fresh process with the sessions created in the other order (the
-    session created first ran up to 7% slower here, whatever it held), and each system's time over the first
+    session created first ran measurably slower, whatever it held), and each system's time over the first
     system's as the geometric mean of the two orders."""
     cmd = [sys.executable, __file__, args.what, *args.paths, "--rounds", str(args.rounds), "--tokens",
            str(args.tokens), "--reverse", "--json"]
