@@ -5,7 +5,8 @@ BIN := $(VENV)/bin
 BUNDLE ?= bundles/smollm2
 BUNDLE_INT4 ?= bundles/smollm2-int4
 PROMPT ?= Explain how a hash table works.
-export SPECEXPORT_CACHE ?= $(CURDIR)/.cache
+# converted models, test bundles and baselines' exports go where the CLI keeps them by hand (runtime/paths.py):
+# $SPECEXPORT_CACHE when set, else $XDG_CACHE_HOME/specexport or ~/.cache/specexport
 
 .PHONY: setup demo test test-lossless lint bench bench-int4 bench-env bench-bar soak serve-soak gpu-stage clean
 
@@ -43,7 +44,7 @@ lint: setup
 # -- bench: Spec-Bench through the bundle and its peers (see BENCHMARKS.md) -----------------------------
 # ONNX Runtime GenAI's model builder needs transformers >= 5 and its own onnxruntime; it lives in a venv of
 # its own so the exporter's pins never have to move for a baseline. `specexport bench` drives it through a
-# subprocess and keeps the models it builds under $(SPECEXPORT_CACHE)/ortgenai (git-ignored).
+# subprocess and keeps the models it builds in the cache's ortgenai/ folder.
 VENV_GENAI := .venv-genai
 GENAI_VERSION ?= 0.18.0
 BENCH_ARGS ?= --limit 1 --max-new-tokens 128   # the first question of each of the 13 categories (--limit 2: as DESIGN.md measured the peers)

@@ -38,8 +38,9 @@ class HFSystem(System):
     """Hugging Face transformers `generate`, PyTorch fp32 on the CPU; `lookup` = prompt lookup decoding."""
 
     def __init__(self, checkpoint: Path | None, eos_ids: set[int], lookup: int | None = None,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, source_sha256: str = "") -> None:
         self.checkpoint = checkpoint
+        self.source_sha256 = source_sha256  # names the checkpoint when it was not found from the hash
         self.eos_ids = eos_ids
         self.lookup = lookup
         self.threads = threads
@@ -53,8 +54,7 @@ class HFSystem(System):
             if bench_systems.missing(module):
                 raise Skip(f"{module} is not installed (pip install 'specexport[export]')")
         if self.checkpoint is None or not (self.checkpoint / "config.json").is_file():
-            raise Skip(f"the bundle's source checkpoint {self.checkpoint} is not on this machine; rebuild the"
-                       " bundle here with `specexport build`")
+            raise bench_systems.no_checkpoint(self.checkpoint, self.source_sha256)
         import torch
         import transformers
 

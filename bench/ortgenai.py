@@ -24,7 +24,7 @@ from pathlib import Path
 from ..runtime.paths import cache_dir
 from .metrics import RunResult
 from .questions import REPO
-from .systems import Skip, System
+from .systems import Skip, System, no_checkpoint
 
 WORKER = Path(__file__).with_name("ortgenai_worker.py")
 VENV_NAME = ".venv-genai"
@@ -164,8 +164,7 @@ class OrtGenAISystem(System):
 
     def setup(self) -> None:
         if self.checkpoint is None or not (self.checkpoint / "config.json").is_file():
-            raise Skip(f"the bundle's source checkpoint {self.checkpoint} is not on this machine; rebuild the"
-                       " bundle here with `specexport build`")
+            raise no_checkpoint(self.checkpoint, self.source_key)
         python = find_python(self.python)
         found = env_versions(python)
         path = build_model(python, found, self.checkpoint, self.source_key, self.precision, self.log)

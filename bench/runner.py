@@ -167,9 +167,10 @@ def make_systems(session: Session, cfg: BenchConfig, threads: int,
         if name in ("hf", "hf-lookup"):
             from .hf import HF_LOOKUP_TOKENS, HFSystem  # PyTorch: the exporter's extra
         if name == "hf":
-            systems.append(HFSystem(checkpoint, eos, threads=threads))
+            systems.append(HFSystem(checkpoint, eos, threads=threads, source_sha256=source_key))
         elif name == "hf-lookup":
-            systems.append(HFSystem(checkpoint, eos, lookup=HF_LOOKUP_TOKENS, threads=threads))
+            systems.append(HFSystem(checkpoint, eos, lookup=HF_LOOKUP_TOKENS, threads=threads,
+                                    source_sha256=source_key))
         elif name == "ortgenai":  # fp32, plus the bundle's own precision when it is a quantized one
             systems.append(genai("fp32"))
             if precision != "fp32" and precision in GENAI_PRECISIONS:

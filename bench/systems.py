@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .metrics import RunResult
@@ -27,6 +28,17 @@ def missing(module: str) -> bool:
         return importlib.util.find_spec(module) is None
     except (ImportError, ValueError):
         return True
+
+
+def no_checkpoint(checkpoint: Path | None, source_sha256: str) -> Skip:
+    """Why a baseline that starts from the bundle's source checkpoint cannot run: the checkpoint given has no
+    config.json, or none was found from the source's hash (and where it was looked for)."""
+    if checkpoint is not None:
+        return Skip(f"the bundle's source checkpoint {checkpoint} is not on this machine (no config.json there);"
+                    " rebuild the bundle here with `specexport build`")
+    from ..exporter.model_source import missing_checkpoint
+
+    return Skip(missing_checkpoint(source_sha256))
 
 
 def strip_eos(tokens: Iterable[int], eos_ids: set[int], limit: int) -> tuple[list[int], str]:

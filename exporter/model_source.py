@@ -219,6 +219,15 @@ def find_checkpoint(digest: str) -> Path | None:
     return Path(path) if path and (Path(path) / "config.json").is_file() else None
 
 
+def missing_checkpoint(digest: str) -> str:
+    """One sentence for a checkpoint `find_checkpoint` did not find: the source's hash and the two places it
+    looked, which both depend on the cache in use (`SPECEXPORT_CACHE`)."""
+    models = cache_dir("models")
+    return (f"the bundle's source checkpoint (source SHA-256 {digest}) is not on this machine: it is neither"
+            f" converted under {models / digest[:16]} nor listed in {models / CHECKPOINT_INDEX}; rebuild the bundle"
+            " here with `specexport build`, or set SPECEXPORT_CACHE to the cache the bundle was built with")
+
+
 def load_model(checkpoint: Path):
     """The fp32 PyTorch model and tokenizer, in eval mode."""
     import torch
