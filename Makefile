@@ -41,13 +41,17 @@ test-lossless: setup
 lint: setup
 	$(BIN)/ruff check .
 
-# -- bench: Spec-Bench through the bundle and its peers (see BENCHMARKS.md) -----------------------------
+# -- bench: the shipped prompts, or Spec-Bench with QUESTIONS=, through the bundle and its peers (BENCHMARKS.md) --
 # ONNX Runtime GenAI's model builder needs transformers >= 5 and its own onnxruntime; it lives in a venv of
 # its own so the exporter's pins never have to move for a baseline. `specexport bench` drives it through a
 # subprocess and keeps the models it builds in the cache's ortgenai/ folder.
 VENV_GENAI := .venv-genai
 GENAI_VERSION ?= 0.18.0
-BENCH_ARGS ?= --limit 1 --max-new-tokens 128   # the first question of each of the 13 categories (--limit 2: as DESIGN.md measured the peers)
+BENCH_ARGS ?= --limit 1 --max-new-tokens 128   # the first question of each of the 13 categories
+# the questions: the shipped prompt set (recipes/data/bench_prompts.jsonl) unless QUESTIONS names another file of
+# Spec-Bench's shape, such as the Spec-Bench repository's data/spec_bench/question.jsonl
+QUESTIONS ?=
+QUESTIONS_ARG := $(if $(QUESTIONS),--questions $(QUESTIONS))
 BENCH_TREES ?= 4:3:2:10:0.08:0.3                 # token trees benched beside the modes (auto's tree: the fastest measured here)
 
 $(VENV_GENAI)/.installed:
@@ -67,7 +71,7 @@ $(VENV)/.bench-chart: | setup
 bench-env: setup $(VENV_GENAI)/.installed $(VENV)/.bench-chart
 
 bench: bench-env $(BUNDLE)/manifest.json
-	$(BIN)/specexport bench --bundle $(BUNDLE) --out reports/$(notdir $(BUNDLE)) \
+	$(BIN)/specexport bench --bundle $(BUNDLE) --out reports/$(notdir $(BUNDLE)) $(QUESTIONS_ARG) \
 		--genai-python $(VENV_GENAI)/bin/python --tree $(BENCH_TREES) $(BENCH_ARGS)
 
 $(BUNDLE_INT4)/manifest.json: | setup
@@ -76,13 +80,14 @@ $(BUNDLE_INT4)/manifest.json: | setup
 # `make bench` at int4: the int4 bundle (MatMulNBits weights) beside ONNX Runtime GenAI's own int4 export, the same
 # questions and trees; AR of the int4 bundle is the reference every mode must match token for token
 bench-int4: bench-env $(BUNDLE_INT4)/manifest.json
-	$(BIN)/specexport bench --bundle $(BUNDLE_INT4) --out reports/$(notdir $(BUNDLE_INT4)) \
+	$(BIN)/specexport bench --bundle $(BUNDLE_INT4) --out reports/$(notdir $(BUNDLE_INT4)) $(QUESTIONS_ARG) \
 		--genai-python $(VENV_GENAI)/bin/python --baselines ortgenai-int4 --tree $(BENCH_TREES) $(BENCH_ARGS)
 
-# The 1.2x bar (docs/drafters.md, "The 1.2× bar"): 39 questions, three rounds each, the best combinations beside
+# The 1.2x bar (docs/drafters.md, "The 1.2× bar"): 39 questions (the bar is Spec-Bench's: QUESTIONS=its question.jsonl;
+# the shipped set has 39 of its own), three rounds each, the best combinations beside
 # self · sequential · confidence; report.md's side-by-side tables give the ratios (no peers, ~15 minutes).
 bench-bar: setup $(BUNDLE)/manifest.json
-	$(BIN)/specexport bench --bundle $(BUNDLE) --out reports/bar --modes self,lookup,auto --tree $(BENCH_TREES) \
+	$(BIN)/specexport bench --bundle $(BUNDLE) --out reports/bar $(QUESTIONS_ARG) --modes self,lookup,auto --tree $(BENCH_TREES) \
 		--baselines none --limit 3 --repeats 3 --max-new-tokens 128 --no-memory
 
 # A long run in one process: 1,000 generations across every mode, RSS and open fds every 100

@@ -1,4 +1,5 @@
-"""Spec-Bench questions for `specexport bench`: find the file, read first turns, cut long prompts."""
+"""The questions `specexport bench` asks: the project's own prompt set by default, or Spec-Bench's
+question.jsonl (the same jsonl shape); find the file, read first turns, cut long prompts."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from pathlib import Path
 from ..runtime.errors import SpecExportError
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_QUESTIONS = "../shared/specbench/question.jsonl"
+# chat prompts written for the bench, in Spec-Bench's shape and categories, none of them Spec-Bench's or a
+# training prompt's; it ships with the package (recipes/data), so a fresh clone or a wheel has questions
+DEFAULT_QUESTIONS = REPO / "recipes" / "data" / "bench_prompts.jsonl"
+SPEC_BENCH = "the Spec-Bench repository's data/spec_bench/question.jsonl (github.com/hemingkx/Spec-Bench)"
 DEFAULT_MAX_PROMPT_TOKENS = 1500
 
 
@@ -23,15 +27,16 @@ class Question:
 
 
 def resolve_questions(path: str | os.PathLike | None = None) -> Path:
-    """The questions file: as given, else relative to the current directory, else to the repository."""
+    """The questions file: as given, else relative to the current directory, else to the repository;
+    without one, the shipped prompt set."""
     given = Path(path or DEFAULT_QUESTIONS)
     candidates = [given] if given.is_absolute() else [Path.cwd() / given, REPO / given]
     for candidate in candidates:
         if candidate.is_file():
             return candidate.resolve()
     tried = " or ".join(str(c) for c in candidates)
-    raise SpecExportError(f"no Spec-Bench questions file at {tried}; pass --questions FILE (Spec-Bench's"
-                          " question.jsonl)")
+    raise SpecExportError(f"no questions file at {tried}; pass --questions FILE, a jsonl of Spec-Bench's shape"
+                          f" such as {SPEC_BENCH}, or leave it out for the shipped prompt set")
 
 
 def load_questions(path: str | os.PathLike, categories: Sequence[str] | None = None,

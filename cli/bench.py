@@ -21,9 +21,10 @@ def _csv(value: str | None) -> list[str] | None:
 def register(main: click.Group) -> None:
     @main.command()
     @click.option("--bundle", required=True, type=click.Path(path_type=Path), help="Bundle directory.")
-    @click.option("--questions", default=None, help="Spec-Bench question.jsonl. Default:"
-                  " ../shared/specbench/question.jsonl, relative to the current directory or the repository.")
-    @click.option("--categories", default=None, help="Comma-separated categories (default: all 13).")
+    @click.option("--questions", default=None, help="Questions in Spec-Bench's jsonl shape, such as Spec-Bench's"
+                  " data/spec_bench/question.jsonl. Default: the shipped prompt set, recipes/data/bench_prompts.jsonl"
+                  " (13 categories, 3 chat prompts each).")
+    @click.option("--categories", default=None, help="Comma-separated categories (default: all of the file's).")
     @click.option("--limit", type=int, default=None, help="First N questions of each category (default: all).")
     @click.option("--max-new-tokens", type=int, default=128, show_default=True)
     @click.option("--max-prompt-tokens", type=int, default=1500, show_default=True,
@@ -67,7 +68,8 @@ def register(main: click.Group) -> None:
     def bench(bundle, questions, categories, limit, max_new_tokens, max_prompt_tokens, modes, schedules, policies,
               trees, baselines, out, threads, genai_python, repeats, no_warmup, no_memory, ignore_eos, as_json,
               expect_digest) -> None:
-        """Spec-Bench through the bundle's modes and its peers, interleaved per question; writes
+        """The shipped prompt set (or Spec-Bench with --questions) through the bundle's modes and its peers,
+        interleaved per question; writes
         report.json, report.md and report.png. Baselines whose package is missing are skipped with the
         reason (`make bench-env` installs them).
 

@@ -98,9 +98,9 @@ def test_resolve_questions(tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(not SPECBENCH.is_file(), reason="shared/specbench is not beside the repository")
-def test_real_specbench_default_path_13_categories():
-    path = resolve_questions(None)
-    assert path == SPECBENCH.resolve()
+def test_real_specbench_through_questions_13_categories():
+    path = resolve_questions(str(SPECBENCH))
+    assert path == SPECBENCH.resolve() and resolve_questions(None) != path  # Spec-Bench only when asked for
     qs = load_questions(path, limit=2)
     cats = list(dict.fromkeys(q.category for q in qs))
     assert len(cats) == 13 and len(qs) == 26
