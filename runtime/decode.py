@@ -68,6 +68,7 @@ def autoregressive(pieces: Pieces, prompt: list[int], params: SamplingParams, rn
     while True:
         token = pick(logits[0, -1], params, rng)
         yield [token]
+        t0 = time.perf_counter()
         _, logits = target_step(pieces, [token], pos)
         pos += 1
-        stats.steps += 1
+        stats.record_step(0, 0, 0.0, time.perf_counter() - t0)

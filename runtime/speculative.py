@@ -24,7 +24,7 @@ from .drafters import Draft, Drafter
 from .policies import DraftPolicy
 from .sampling import SamplingParams, pick, probabilities, sample
 from .stats import Stats
-from .tree import settle
+from .tree import settle, tree_depth
 
 
 def judge(draft: int, q: np.ndarray | None, logits: np.ndarray, params: SamplingParams,
@@ -81,6 +81,7 @@ def speculative(pieces: Pieces, drafter: Drafter, policy: DraftPolicy, prompt: l
         t2 = time.perf_counter()
         drafter.advance(hidden, pos, len(new))
         policy.observe(len(draft.tokens), len(new) - 1, t1 - t0, t2 - t1)
-        stats.record_step(len(draft.tokens), len(new) - 1, t1 - t0, t2 - t1)
+        stats.record_step(len(draft.tokens), len(new) - 1, t1 - t0, t2 - t1,
+                          None if draft.parents is None else tree_depth(draft.parents))
         history.extend(new)
         yield new

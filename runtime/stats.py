@@ -19,13 +19,30 @@ class Stats:
     verify_s: float = 0.0
     lossy: bool = False
     extra: dict = field(default_factory=dict)
+    # by draft position (index 0: a step's first drafted token): the steps that drafted a token there, and the
+    # steps whose verification kept it
+    drafted_at: list[int] = field(default_factory=list)
+    accepted_at: list[int] = field(default_factory=list)
+    step_s: list[float] = field(default_factory=list, repr=False)  # each step's seconds, drafting included
 
-    def record_step(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
+    def record_step(self, drafted: int, accepted: int, draft_s: float, verify_s: float,
+                    depth: int | None = None) -> None:
+        """One verification step; `depth` is how many positions its draft reaches when that is not `drafted`
+        (a token tree's depth)."""
         self.steps += 1
         self.drafted += drafted
         self.accepted += accepted
         self.draft_s += draft_s
         self.verify_s += verify_s
+        reach = max(drafted if depth is None else depth, accepted)
+        if reach > len(self.drafted_at):
+            self.drafted_at += [0] * (reach - len(self.drafted_at))
+            self.accepted_at += [0] * (reach - len(self.accepted_at))
+        for i in range(reach):
+            self.drafted_at[i] += 1
+        for i in range(accepted):
+            self.accepted_at[i] += 1
+        self.step_s.append(draft_s + verify_s)
 
     @property
     def tokens_per_s(self) -> float:
@@ -48,6 +65,7 @@ class Stats:
 
     def as_dict(self) -> dict:
         d = asdict(self)
+        del d["step_s"]  # one number a step: the totals above say what a summary needs
         d.update(tokens_per_s=self.tokens_per_s, decode_tokens_per_s=self.decode_tokens_per_s,
                  mean_accepted_tokens=self.mean_accepted_tokens, acceptance_rate=self.acceptance_rate)
         return d

@@ -257,6 +257,14 @@ def walk(tokens: list[int], parents: list[int], logits: np.ndarray) -> tuple[lis
         path.append(nxt)
 
 
+def tree_depth(parents: list[int]) -> int:
+    """How many draft positions a tree reaches: its longest branch below the root (`parents` as Draft's)."""
+    depths = [0] * len(parents)
+    for i in range(1, len(parents)):  # a parent comes before its children
+        depths[i] = depths[parents[i]] + 1
+    return max(depths)
+
+
 def settle(draft: Draft, logits: np.ndarray) -> list[int]:
     """After a tree's verify call: the target's tokens along its branch, as far as rows computed exactly as
     AR computes them decide them; the rest of the branch goes in `draft.ahead`.

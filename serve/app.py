@@ -1,4 +1,5 @@
-"""The Starlette app: /v1/chat/completions, /v1/completions, /v1/models, /health, OpenAI-shaped errors."""
+"""The Starlette app: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics (Prometheus),
+OpenAI-shaped errors."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from starlette.routing import Route
 from ..runtime import Session
 from .errors import APIError, error_body
 from .http import DisconnectWatch, EventStream, read_json
+from .metrics import Metrics
 from .model import ModelInfo
 from .protocol import GenerationRequest, parse
 from .responses import Reply
@@ -31,15 +33,19 @@ def create_app(session: Session, model_name: str | None = None, max_body_bytes: 
     """An app serving `session` one request at a time (the rest wait their turn, in order), or with `batch` up
     to that many at once through the runtime's batched scheduler (serve/batch_worker.py)."""
     model = ModelInfo.of(session, model_name)
+    metrics = Metrics()
     if batch:
         from .batch_worker import BatchWorker
 
-        worker: Worker | BatchWorker = BatchWorker(session, batch)
+        worker: Worker | BatchWorker = BatchWorker(session, batch, metrics)
     else:
-        worker = Worker(session)
+        worker = Worker(session, metrics)
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", "model": model.name, **worker.counters.as_dict()})
+
+    async def prometheus(request: Request) -> Response:
+        return Response(metrics.render(), media_type=metrics.content_type)
 
     def model_card() -> dict:
         return {"id": model.name, "object": "model", "created": model.created, "owned_by": "specexport",
@@ -56,10 +62,14 @@ def create_app(session: Session, model_name: str | None = None, max_body_bytes: 
         return JSONResponse(model_card())
 
     async def generate(request: Request, kind: str) -> Response | EventStream:
-        body = await read_json(request, max_body_bytes)
-        # tokenizing a long prompt (or rendering a template) would stall every other connection on the loop
-        req = await run_in_threadpool(parse, kind, body, session, model)
-        run = worker.submit(req)
+        try:
+            body = await read_json(request, max_body_bytes)
+            # tokenizing a long prompt (or rendering a template) would stall every other connection on the loop
+            req = await run_in_threadpool(parse, kind, body, session, model)
+            run = worker.submit(req)
+        except APIError as exc:  # refused before the worker took it (past that, the worker counts it)
+            metrics.refused(exc.status < 500)
+            raise
         watch = DisconnectWatch(request, run)
         reply = Reply(kind, model.name, len(req.prompt_ids), req.return_token_ids)
         try:
@@ -97,6 +107,7 @@ def create_app(session: Session, model_name: str | None = None, max_body_bytes: 
 
     routes = [
         Route("/health", health, methods=["GET"]),
+        Route("/metrics", prometheus, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{name:path}", one_model, methods=["GET"]),
         Route("/v1/chat/completions", chat, methods=["POST"]),
@@ -106,6 +117,7 @@ def create_app(session: Session, model_name: str | None = None, max_body_bytes: 
         APIError: _api_error, HTTPException: _http_error, Exception: _internal_error})
     app.state.worker = worker
     app.state.model = model
+    app.state.metrics = metrics
     return app
 
 
@@ -140,7 +152,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 404:
         message = f"there is no {request.url.path} here; the endpoints are /v1/chat/completions, /v1/completions," \
-                  " /v1/models and /health"
+                  " /v1/models, /health and /metrics"
     elif exc.status_code == 405:
         message = f"{request.method} is not allowed on {request.url.path}; use {exc.headers.get('Allow', '')}" \
             if exc.headers else f"{request.method} is not allowed on {request.url.path}"

@@ -14,6 +14,7 @@ import threading
 from ..runtime import RunError, Session, SpecExportError
 from ..runtime.batching import BatchRequest, BatchScheduler, BatchTextStream
 from .errors import APIError
+from .metrics import Metrics
 from .protocol import GenerationRequest
 from .worker import Counters, Failure, Outcome, Run
 
@@ -32,10 +33,15 @@ class BatchRun(Run):
 
 
 class BatchWorker:
-    def __init__(self, session: Session, max_batch: int) -> None:
+    def __init__(self, session: Session, max_batch: int, metrics: Metrics | None = None) -> None:
         self.session = session
         self.scheduler = BatchScheduler(session, max_batch=max_batch)
         self.counters = Counters()
+        self.metrics = metrics or Metrics()
+        # waiting: for the relay to submit it, or for a cache row; the relays of the rest are decoding theirs
+        self.metrics.watch(lambda: self.counters.queued + self.scheduler.waiting,
+                           lambda: max(0, self.counters.running - self.scheduler.waiting))
+        self.scheduler.on_step = self.metrics.step  # one observation per batched step, whatever its rows
         self._runs: set[BatchRun] = set()
         self._threads: set[threading.Thread] = set()
         self._closed = False
@@ -92,6 +98,7 @@ class BatchWorker:
                     counters.last_cancelled_tokens = len(outcome.token_ids)
                 else:
                     counters.completed += 1
+            self.metrics.ended(outcome.stats, len(outcome.token_ids), cancelled, steps_timed=False)
             run.post("done", outcome)
         except RunError as exc:  # a batched step failed: the server's failure, not the request's
             self._fail(run, Failure(str(exc), client=False))
@@ -107,4 +114,5 @@ class BatchWorker:
     def _fail(self, run: Run, failure: Failure) -> None:
         with self.counters._lock:
             self.counters.failed += 1
+        self.metrics.refused(failure.client)
         run.post("error", failure)

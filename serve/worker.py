@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from ..runtime import RunError, Session, SpecExportError, TextStream
 from ..runtime.stats import Stats
 from .errors import APIError
+from .metrics import Metrics
 from .protocol import GenerationRequest
 
 log = logging.getLogger("specexport.serve")
@@ -79,9 +80,11 @@ class Counters:
 
 
 class Worker:
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, metrics: Metrics | None = None) -> None:
         self.session = session
         self.counters = Counters()
+        self.metrics = metrics or Metrics()
+        self.metrics.watch(lambda: self.counters.queued, lambda: self.counters.running)
         self._queue: queue.Queue[tuple[Run, GenerationRequest] | None] = queue.Queue()
         self._runs: set[Run] = set()
         self._closed = False
@@ -160,9 +163,11 @@ class Worker:
                 self.counters.last_cancelled_tokens = len(outcome.token_ids)
             else:
                 self.counters.completed += 1
+        self.metrics.ended(outcome.stats, len(outcome.token_ids), cancelled, steps_timed=True)
         run.post("done", outcome)
 
     def _fail(self, run: Run, failure: Failure) -> None:
         with self.counters._lock:
             self.counters.failed += 1
+        self.metrics.refused(failure.client)
         run.post("error", failure)

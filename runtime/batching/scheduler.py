@@ -150,6 +150,11 @@ class BatchScheduler:
             self._wake.notify()
         return request
 
+    @property
+    def waiting(self) -> int:
+        """Requests submitted that do not hold a cache row yet."""
+        return len(self._waiting)
+
     def stream(self, prompt: str, **options) -> BatchTextStream:
         """A text prompt, formatted and encoded as Session.stream does; iterate the result for text."""
         opts = self.options(**options)
