@@ -127,7 +127,7 @@ def make_systems(session: Session, cfg: BenchConfig, threads: int,
             pearl = schedule == "pearl"
             system = SpecExportSystem(session, mode, threads, schedule, policy, note=pearl_note if pearl else None)
             try:
-                resolve_mode(session, mode)
+                resolve_mode(session.context, mode)
                 runs = mode
                 if pearl:
                     from ..runtime.pearl import pearl_mode
@@ -147,7 +147,7 @@ def make_systems(session: Session, cfg: BenchConfig, threads: int,
         for mode in ["model", *(["head"] if session.pieces.head is not None else [])]:
             system = SpecExportSystem(session, mode, threads, tree=tree)
             try:
-                resolve_mode(session, mode)
+                resolve_mode(session.context, mode)
             except SpecExportError as exc:
                 skipped[system.name] = str(exc)
                 continue

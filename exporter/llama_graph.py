@@ -27,16 +27,12 @@ position is its slot; the call's own tokens take the slots from position_ids[0] 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..runtime.errors import SpecExportError
 from ..runtime.manifest import Dims  # the manifest's record is the graphs' too
 from .onnx_builder import MS_DOMAIN, GraphBuilder
-
-if TYPE_CHECKING:
-    from .training.head import HeadWeights
 
 FLAVOURS = ("ort", "standard")
 
@@ -91,6 +87,19 @@ class AdapterWeights:
 
     input_norm: np.ndarray
     attn: AttentionWeights
+    output_norm: np.ndarray
+
+
+@dataclass
+class HeadWeights:
+    """The feature-level draft head: fc fuses three target states, proj joins them with the token's embedding,
+    then one decoder layer and the final norm."""
+
+    fc: np.ndarray  # [H, 3H]
+    embed_norm: np.ndarray
+    feature_norm: np.ndarray
+    proj: np.ndarray  # [H, 2H]
+    layer: LayerWeights
     output_norm: np.ndarray
 
 

@@ -20,10 +20,10 @@ What auto learns carries over between the requests of a session, per set of choi
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .context import DecodeContext
 from .decode import autoregressive
 from .drafters import (
     LOOKUP_MAX_TOKENS,
@@ -37,18 +37,14 @@ from .drafters import (
 )
 from .errors import SpecExportError
 from .head import HeadDrafter, HeadTreeDrafter
-from .manifest import ManifestError, SpeculativeDefaults
 from .options import Options
 from .pearl import pearl_loop
 from .policies import DraftPolicy, make_policy
 from .sampling import SamplingParams
 from .speculative import speculative
 from .stats import Stats
-from .tree import AUTO_TREE, TreeDrafter, TreeShape, trees_supported
+from .tree import TreeDrafter, TreeShape, trees_supported
 from .verification import make_verify
-
-if TYPE_CHECKING:
-    from .session import Session
 
 MODE_PIECES = {"self": ("adapter",), "model": ("drafter",), "head": ("head",), "hier": ("drafter", "adapter")}
 PIECE_FIXES = {"adapter": "an adapter (`specexport build --adapter auto`)",
@@ -56,49 +52,49 @@ PIECE_FIXES = {"adapter": "an adapter (`specexport build --adapter auto`)",
                "head": "a draft head (`specexport build --head DIR`, trained with `specexport train-head`)"}
 
 
-def decoder(session: Session, opts: Options, ids: list[int], params: SamplingParams, rng: np.random.Generator,
+def decoder(ctx: DecodeContext, opts: Options, ids: list[int], params: SamplingParams, rng: np.random.Generator,
             stats: Stats) -> Iterator[list[int]]:
     """The tokens of one request, a list per step, from the loop its options ask for."""
-    mode = resolve_mode(session, opts.mode)
-    pieces, context = session.pieces, session.bundle.max_context
+    mode = resolve_mode(ctx, opts.mode)
+    pieces, context = ctx.pieces, ctx.max_context
     if mode == "ar":
         if opts.verify != "exact":
             raise SpecExportError(f"--verify {opts.verify} judges drafts, and --mode ar drafts nothing; use a"
                                   " speculative mode such as --mode auto")
         return autoregressive(pieces, ids, params, rng, stats)
     if opts.tree:
-        drafter = tree_drafter(session, mode, opts, params)
+        drafter = tree_drafter(ctx, mode, opts, params)
         stats.mode = f"{mode}-tree{opts.tree}"
-        return speculative(pieces, drafter, draft_policy(session, opts, mode), ids, params, rng, stats, context)
+        return speculative(pieces, drafter, draft_policy(ctx, opts, mode), ids, params, rng, stats, context)
     if opts.schedule == "pearl":  # the drafter on a thread of its own beside the target (pearl.py)
-        return pearl_loop(pieces, mode, opts, lambda m: draft_policy(session, opts, m), ids, params, rng, stats,
+        return pearl_loop(pieces, mode, opts, lambda m: draft_policy(ctx, opts, m), ids, params, rng, stats,
                           context)
     stats.mode = mode
     stats.lossy = opts.verify != "exact"
-    return speculative(pieces, DRAFTERS[mode](session, opts, stats), draft_policy(session, opts, mode), ids,
+    return speculative(pieces, DRAFTERS[mode](ctx, opts, stats), draft_policy(ctx, opts, mode), ids,
                        params, rng, stats, context, accept=make_verify(opts.verify, params, opts.beta, opts.tau))
 
 
-def resolve_mode(session: Session, mode: str) -> str:
+def resolve_mode(ctx: DecodeContext, mode: str) -> str:
     """`mode` when the bundle has the pieces it needs; otherwise one sentence on how to get them."""
     if mode != "ar" and mode not in DRAFTERS:
         raise SpecExportError(f"unknown mode {mode!r}; use one of ar, {', '.join(DRAFTERS)}")
-    missing = [p for p in MODE_PIECES.get(mode, ()) if getattr(session.pieces, p, None) is None]
+    missing = [p for p in MODE_PIECES.get(mode, ()) if getattr(ctx.pieces, p, None) is None]
     if missing:
-        raise SpecExportError(f"bundle {session.bundle.root} has no {' or '.join(missing)} piece, so --mode {mode}"
+        raise SpecExportError(f"bundle {ctx.root} has no {' or '.join(missing)} piece, so --mode {mode}"
                               f" is not available; rebuild it with {' and '.join(PIECE_FIXES[p] for p in missing)},"
                               " or use --mode auto (it uses what the bundle has)")
     return mode
 
 
-def draft_policy(session: Session, opts: Options, mode: str = "self") -> DraftPolicy:
-    spec = session.speculative
+def draft_policy(ctx: DecodeContext, opts: Options, mode: str = "self") -> DraftPolicy:
+    spec = ctx.speculative
     gamma = opts.gamma if opts.gamma is not None else spec.gamma
     eta = opts.eta if opts.eta is not None else spec.eta
-    return make_policy(opts.policy, gamma, eta, cost=lambda gamma_max: session.cost_model(mode, gamma_max))
+    return make_policy(opts.policy, gamma, eta, cost=lambda gamma_max: ctx.cost_model(mode, gamma_max))
 
 
-def tree_drafter(session: Session, mode: str, opts: Options, params: SamplingParams) -> Drafter:
+def tree_drafter(ctx: DecodeContext, mode: str, opts: Options, params: SamplingParams) -> Drafter:
     if mode not in ("model", "head"):
         raise SpecExportError(f"--tree grows its trees with the bundle's drafter piece or its draft head, so it"
                               f" needs --mode model or --mode head (not {mode})")
@@ -108,44 +104,26 @@ def tree_drafter(session: Session, mode: str, opts: Options, params: SamplingPar
     if not params.greedy:
         raise SpecExportError("--tree verifies greedy decoding only; drop --temperature (or set it to 0),"
                               " or drop --tree")
-    if not trees_supported(session.pieces, mode):
-        raise SpecExportError(f"bundle {session.bundle.root} predates token trees (its pieces take no"
+    if not trees_supported(ctx.pieces, mode):
+        raise SpecExportError(f"bundle {ctx.root} predates token trees (its pieces take no"
                               " attention_bias); rebuild it with `specexport build` to use --tree")
     shape = TreeShape.parse(opts.tree)
     if mode == "head":
-        return HeadTreeDrafter(session.pieces, shape, session.bundle.max_context)
-    return TreeDrafter(session.pieces, shape, session.bundle.max_context)
+        return HeadTreeDrafter(ctx.pieces, shape, ctx.max_context)
+    return TreeDrafter(ctx.pieces, shape, ctx.max_context)
 
 
-def auto_trees(speculative: SpeculativeDefaults) -> dict[str, TreeShape]:
-    """The manifest's per-precision auto trees, parsed when the bundle loads, each checked as a field."""
-    shapes = {}
-    for precision, spec in speculative.auto_tree.items():
-        try:
-            shapes[precision] = TreeShape.parse(spec)
-        except SpecExportError as exc:
-            raise ManifestError(f"manifest field speculative.auto_tree.{precision} is not a tree shape: {exc}"
-                                ) from None
-    return shapes
-
-
-def auto_tree(session: Session) -> TreeShape:
-    """auto's tree for the bundle's precision: the recipe's [speculative.auto_tree] (measured per precision,
-    recipes/smollm2-135m.toml), else AUTO_TREE."""
-    return session.auto_trees.get(session.bundle.manifest.precision, AUTO_TREE)
-
-
-def _lookup(session: Session, opts: Options) -> LookupDrafter:
+def _lookup(ctx: DecodeContext, opts: Options) -> LookupDrafter:
     # lookup drafts cost nothing, so it takes its own cap, not the bundle's gamma (an explicit --gamma wins)
-    return LookupDrafter(session.pieces.vocab_size, session.bundle.max_context, opts.gamma or LOOKUP_MAX_TOKENS)
+    return LookupDrafter(ctx.pieces.vocab_size, ctx.max_context, opts.gamma or LOOKUP_MAX_TOKENS)
 
 
-def _auto(session: Session, opts: Options, stats: Stats) -> AutoDrafter:
-    p = session.pieces
+def _auto(ctx: DecodeContext, opts: Options, stats: Stats) -> AutoDrafter:
+    p = ctx.pieces
     greedy = SamplingParams(opts.temperature, opts.top_k, opts.top_p).greedy
     drafters: list[Drafter] = []
     if greedy and opts.verify == "exact":  # trees beat chains side by side (BENCHMARKS.md): only trees then
-        shape, context = auto_tree(session), session.bundle.max_context
+        shape, context = ctx.auto_tree(), ctx.max_context
         drafters += [TreeDrafter(p, shape, context)] if trees_supported(p) else []
         drafters += [HeadTreeDrafter(p, shape, context)] if trees_supported(p, "head") else []
     if not drafters:
@@ -153,21 +131,21 @@ def _auto(session: Session, opts: Options, stats: Stats) -> AutoDrafter:
         drafters += [ModelDrafter(p)] if p.drafter is not None else []
         drafters += [HeadDrafter(p)] if p.head is not None else []
     # the recipe may narrow auto's choices per precision, from side-by-side measurements of them
-    offered = session.speculative.auto_drafters.get(session.bundle.manifest.precision)
+    offered = ctx.speculative.auto_drafters.get(ctx.precision)
     if offered:
         names = set(offered.split(","))
         drafters = [d for d in drafters if d.name in names] or drafters
-    memory = session.auto_memory.setdefault(tuple(d.name for d in drafters), AutoMemory({}))
-    return AutoDrafter(drafters, _lookup(session, opts), stats, memory=memory)
+    memory = ctx.auto_memory.setdefault(tuple(d.name for d in drafters), AutoMemory({}))
+    return AutoDrafter(drafters, _lookup(ctx, opts), stats, memory=memory)
 
 
-# mode -> its drafter, made per request from (session, options, stats)
-DRAFTERS: dict[str, Callable[[Session, Options, Stats], Drafter]] = {
-    "self": lambda session, opts, stats: SelfDrafter(session.pieces),
-    "model": lambda session, opts, stats: ModelDrafter(session.pieces),
-    "head": lambda session, opts, stats: HeadDrafter(session.pieces),
-    "lookup": lambda session, opts, stats: _lookup(session, opts),
-    "hier": lambda session, opts, stats: HierDrafter(session.pieces, stats),
+# mode -> its drafter, made per request from (ctx, options, stats)
+DRAFTERS: dict[str, Callable[[DecodeContext, Options, Stats], Drafter]] = {
+    "self": lambda ctx, opts, stats: SelfDrafter(ctx.pieces),
+    "model": lambda ctx, opts, stats: ModelDrafter(ctx.pieces),
+    "head": lambda ctx, opts, stats: HeadDrafter(ctx.pieces),
+    "lookup": lambda ctx, opts, stats: _lookup(ctx, opts),
+    "hier": lambda ctx, opts, stats: HierDrafter(ctx.pieces, stats),
     "auto": _auto,
 }
 MODES = ("ar", *DRAFTERS)

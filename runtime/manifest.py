@@ -152,7 +152,7 @@ class SpeculativeDefaults:
             raise ManifestError(f"manifest field {where}.gamma is {self.gamma}, outside 1..{MAX_GAMMA}")
         if not 0.0 <= self.eta <= 1.0:
             raise ManifestError(f"manifest field {where}.eta is {self.eta}, outside [0, 1]")
-        # the auto_tree shapes are parsed where trees are known: runtime/assemble.py auto_trees
+        # the auto_tree shapes are parsed where trees are known: runtime/context.py parse_auto_trees
         for precision, names in self.auto_drafters.items():
             unknown = set(str(names).split(",")) - {"tree", "head-tree", "self", "model", "head"}
             if unknown:

@@ -13,17 +13,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .assemble import auto_trees, decoder
+from .assemble import decoder
 from .attention_rounding import SplitAtBoundary, flash_attention_off, length_sensitive
 from .bundle import Bundle, load_bundle
+from .context import DecodeContext
 from .decode import Pieces, emitted
-from .drafters import (
-    AutoMemory,
-)
 from .errors import SpecExportError
 from .head import FeatureTap
 from .options import Limits, Options, make_options
-from .policies import CostModel, measure_cost
 from .row_padding import TwoRowCalls, pad_if_needed
 from .sampling import SamplingParams
 from .stats import Stats
@@ -91,11 +88,11 @@ class Session:
         self.codec = TextCodec(bundle.root, bundle.manifest.tokenizer)
         self.defaults = dataclasses.asdict(bundle.manifest.generation)
         self.speculative = bundle.manifest.speculative
-        self.auto_trees = auto_trees(self.speculative)
+        # what the decoder reads: the pieces and what the session learns across requests (context.py)
+        self.context = DecodeContext.of(pieces, bundle.root, bundle.max_context, bundle.manifest.precision,
+                                        self.speculative)
         # a verification call's most tokens: a TensorRT engine's widest profile; ONNX Runtime, the context
         self.limits = Limits(bundle.max_context, getattr(pieces.deep, "keep_max", None) or bundle.max_context - 1)
-        self.costs: dict[tuple[str, int], CostModel] = {}  # the goodput policy's, measured when first asked for
-        self.auto_memory: dict[tuple[str, ...], AutoMemory] = {}  # what auto learned, per set of its choices
         self._turn = threading.Lock()  # one request at a time on the pieces' caches
         self._holder: int | None = None  # the thread whose request has the turn
 
@@ -142,14 +139,6 @@ class Session:
 
     # -- the loop driver -------------------------------------------------------------------------
 
-    def cost_model(self, mode: str, gamma_max: int) -> CostModel:
-        """The goodput policy's cost model for `mode`: the pieces timed once per session, on first use (a
-        fraction of a second; `load` never pays it)."""
-        key = (mode, gamma_max)
-        if key not in self.costs:
-            self.costs[key] = measure_cost(self.pieces, mode, gamma_max, self.bundle.max_context)
-        return self.costs[key]
-
     def _tokens(self, ids: list[int], opts: Options, detok: Detokenizer,
                 stats: Stats) -> Iterator[tuple[str, str]]:
         """Drives a request's decoding loop; yields (text delta, finish reason so far)."""
@@ -169,7 +158,7 @@ class Session:
         budget = min(opts.max_new_tokens, max_context - len(ids))
         params = SamplingParams(opts.temperature, opts.top_k, opts.top_p)
         t0 = time.perf_counter()
-        loop = decoder(self, opts, ids, params, np.random.default_rng(opts.seed), stats)
+        loop = decoder(self.context, opts, ids, params, np.random.default_rng(opts.seed), stats)
         reason = "length"
         try:
             for tokens in loop:

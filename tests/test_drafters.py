@@ -557,20 +557,21 @@ def test_auto_follows_a_new_winner_within_the_longest_interval():
 def test_auto_takes_its_tree_from_the_recipe_for_the_bundles_precision(session):
     from dataclasses import replace
 
-    from specexport.runtime.assemble import auto_tree, auto_trees
+    from specexport.runtime.context import parse_auto_trees
     from specexport.runtime.errors import SpecExportError
     from specexport.runtime.tree import AUTO_TREE
 
-    saved = session.auto_trees
+    ctx = session.context
+    saved = ctx.auto_trees
     try:
-        session.auto_trees = auto_trees(replace(session.speculative, auto_tree={"int4": "8:4:2"}))
-        assert auto_tree(session) == AUTO_TREE  # this bundle is fp32: the recipe names no tree for it
-        session.auto_trees = auto_trees(replace(session.speculative, auto_tree={"fp32": "2:1:2:0"}))
-        assert auto_tree(session) == TreeShape(2, 1, 2, 0)
+        ctx.auto_trees = parse_auto_trees(replace(session.speculative, auto_tree={"int4": "8:4:2"}))
+        assert ctx.auto_tree() == AUTO_TREE  # this bundle is fp32: the recipe names no tree for it
+        ctx.auto_trees = parse_auto_trees(replace(session.speculative, auto_tree={"fp32": "2:1:2:0"}))
+        assert ctx.auto_tree() == TreeShape(2, 1, 2, 0)
         out = session.generate("hash table", max_new_tokens=12, mode="auto")
         assert out.tokens == session.generate("hash table", max_new_tokens=12, mode="ar").tokens
         # a shape that is not one is refused when the bundle loads, naming the field
         with pytest.raises(SpecExportError, match=r"speculative\.auto_tree\.fp32 is not a tree shape"):
-            auto_trees(replace(session.speculative, auto_tree={"fp32": "lots"}))
+            parse_auto_trees(replace(session.speculative, auto_tree={"fp32": "lots"}))
     finally:
-        session.auto_trees = saved
+        ctx.auto_trees = saved

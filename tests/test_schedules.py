@@ -57,7 +57,7 @@ def test_greedy_equals_ar_for_every_policy(session, schedule):
         for policy in POLICIES:
             out = session.generate(prompt, max_new_tokens=40, mode="self", schedule=schedule, policy=policy)
             assert out.tokens == ar, (prompt, schedule, policy)
-    assert [mode for mode, _ in session.costs] == ["self"]  # goodput timed the pieces once, then reused them
+    assert [mode for mode, _ in session.context.costs] == ["self"]  # goodput timed the pieces once, then reused them
 
 
 def test_pearl_on_the_standard_flavour_and_a_deeper_exit(tiny_bundles):

@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ...runtime.errors import SpecExportError
-from ..llama_graph import Dims, LayerWeights
+from ..llama_graph import Dims, HeadWeights
 from .adapter import Adapter, AdapterConfig, RMSNorm
 
 
@@ -114,13 +114,3 @@ class DraftHead(nn.Module):
         return HeadWeights(fc=np_(self.fc.weight), embed_norm=np_(self.embed_norm.weight),
                            feature_norm=np_(self.feature_norm.weight), proj=np_(self.proj.weight), layer=layer,
                            output_norm=block.output_norm)
-
-
-@dataclass
-class HeadWeights:
-    fc: np.ndarray  # [H, 3H]
-    embed_norm: np.ndarray
-    feature_norm: np.ndarray
-    proj: np.ndarray  # [H, 2H]
-    layer: LayerWeights
-    output_norm: np.ndarray

@@ -8,7 +8,6 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,10 +18,8 @@ from ..options import Options
 from ..policies import ConfidencePolicy
 from ..sampling import SamplingParams
 from ..stats import Stats
+from .drafter_cache import DrafterCache
 from .goodput import Choice, Offer
-
-if TYPE_CHECKING:
-    from .drafting import DrafterCache
 
 _END = object()
 PROBE_EVERY = 8  # steps without drafts after which a row drafts one token

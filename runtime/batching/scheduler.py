@@ -41,7 +41,8 @@ from ..options import Limits, OptionError, Options, make_options
 from ..policies import ConfidencePolicy
 from ..sampling import SamplingParams
 from ..text import TextCodec, check_prompt_fits
-from .drafting import DrafterCache, DraftHead, draft_with_adapter, draft_with_drafter
+from .drafter_cache import DrafterCache
+from .drafting import DraftHead, draft_with_adapter, draft_with_drafter
 from .goodput import BatchCost, DraftCost, plan
 from .order import AdmissionQueue
 from .request import BatchRequest, Row
