@@ -63,6 +63,10 @@ def main() -> None:
 @click.option("--flavour", type=click.Choice(["ort", "standard"]), default=None,
               help="Attention graphs: 'ort' uses ONNX Runtime's GroupQueryAttention with in-place caches;"
               " 'standard' uses opset-17 ops only (TensorRT).")
+@click.option("--attention", type=click.Choice(["gqa", "rowwise"]), default=None,
+              help="The 'ort' pieces' attention: 'gqa' is ONNX Runtime's GroupQueryAttention (any provider);"
+              " 'rowwise' is specexport's CPU operator, built with the package, which computes every row alone so"
+              " one-token calls need no copied row. Default: the recipe's (gqa).")
 @click.option("--precision", type=click.Choice(["fp32", "int8", "int4"]), default=None,
               help="Weights: fp32, or int8/int4 weight-only quantization (ONNX Runtime's MatMulNBits, blocks of 64 /"
               " 32 along K; the ort flavour only). Default: the recipe's (fp32).")
@@ -93,8 +97,8 @@ def main() -> None:
               " scripts but build no engines (no TensorRT or GPU needed); build them on the device with"
               " `specexport engines build`.")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON on stdout.")
-def build(out, recipe, model, exit_layer, context, flavour, precision, drafting_precision, adapter, drafter, head,
-          force, backend, target, plan_only, as_json) -> None:
+def build(out, recipe, model, exit_layer, context, flavour, attention, precision, drafting_precision, adapter, drafter,
+          head, force, backend, target, plan_only, as_json) -> None:
     """Build a bundle: load the model, cut and export its pieces, check them against PyTorch."""
     try:
         from ..exporter.build import build_bundle
@@ -104,7 +108,7 @@ def build(out, recipe, model, exit_layer, context, flavour, precision, drafting_
     manifest = build_bundle(out, recipe=recipe, model=model, exit_layer=exit_layer, context=context,
                             flavour=flavour, force=force, adapter=adapter, command=command_line(), backend=backend,
                             target=target, plan_only=plan_only, precision=precision, drafter=drafter,
-                            drafting_precision=drafting_precision, head=head)
+                            drafting_precision=drafting_precision, head=head, attention=attention)
     if as_json:
         click.echo(manifest.to_json(), nl=False)
     else:

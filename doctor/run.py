@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..runtime.errors import SpecExportError
+from .attention_op import probe_attention_op
 from .checks import (
     CPU,
     MODES,
@@ -221,7 +222,7 @@ def run_doctor(out: Path, bundle: Path | None = None, tiny: bool = True, backend
     ``exit_code``: 0 all passed, 1 a check failed, 3 all that ran passed but some could not run here)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    probes = probe_all(system)
+    probes = [*probe_all(system), probe_attention_op()]
     paths = gpu_paths(probes)
     runner = Runner(on_check)
     subjects: dict[str, dict] = {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from . import attention_op
 from .bundle import manifest_digest, parse_manifest, read_manifest_text, verify_files
 
 
@@ -39,6 +40,13 @@ def inspect_bundle(root: Path) -> dict:
     }
 
 
+def _attention(graph: dict) -> str:
+    if graph.get("attention", "gqa") == "gqa":
+        return "gqa (ONNX Runtime's GroupQueryAttention)" if graph["flavour"] == "ort" else "standard ops"
+    state = "loads here" if attention_op.available() else f"cannot load here: {attention_op.load_error()}"
+    return f"rowwise (specexport.{attention_op.OP_TYPE}; {state})"
+
+
 def _shape(t: dict) -> str:
     return f"{t['name']} {t['dtype']}[{', '.join(str(d) for d in t['shape'])}]"
 
@@ -51,7 +59,7 @@ def render(report: dict) -> str:
         f"digest   sha256:{report['digest']}",
         f"model    {m['architecture']}: {d['layers']} layers, hidden {d['hidden']}, {d['heads']} heads /"
         f" {d['kv_heads']} KV heads, vocab {d['vocab']}, context {d['max_context']}, exit layer {m['exit_layer']}",
-        f"graphs   flavour {g['flavour']}, opset {g['opset']}, {g['precision']}",
+        f"graphs   flavour {g['flavour']}, opset {g['opset']}, {g['precision']}, attention {_attention(g)}",
         "pieces",
     ]
     for name, p in report["pieces"].items():

@@ -99,9 +99,15 @@ class GraphInfo:
     precision: Literal["fp32", "fp16", "int8", "int4"]
     opset_note: str = ""
     quantization: dict[str, Any] | None = None
+    # the `ort` pieces' attention: ONNX Runtime's GroupQueryAttention, or specexport's row-invariant operator
+    # (runtime/attention_op.py), which the runtime must be able to load; manifests without it are `gqa`
+    attention: Literal["gqa", "rowwise"] = "gqa"
 
     def check(self, where: str) -> None:
         _at_least(self.opset, 1, f"{where}.opset")
+        if self.attention == "rowwise" and self.flavour != "ort":
+            raise ManifestError(f"manifest field {where}.attention is 'rowwise' in a {self.flavour!r}-flavour bundle;"
+                                " only 'ort' pieces have the operator")
 
 
 @dataclass(frozen=True)

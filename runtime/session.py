@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import attention_op
 from .assemble import decoder
 from .attention_rounding import SplitAtBoundary, flash_attention_off, length_sensitive
 from .bundle import Bundle, load_bundle
@@ -40,14 +41,19 @@ class Generation:
 
 def _open_pieces(bundle: Bundle, backend: str, providers: list[str] | None,
                  threads: int | dict[str, int] | None) -> Pieces:
+    attention = bundle.manifest.graph.attention
     if backend == "onnxruntime":
         from .backends.ort import OrtPiece
+
+        if attention == "rowwise" and attention_op.load_error() is not None:
+            raise SpecExportError(f"bundle {bundle.root}'s pieces use specexport's row-invariant attention operator,"
+                                  f" but {attention_op.load_error()}")
 
         def open_piece(name: str) -> OrtPiece:
             # a dict gives each piece its own count (PEARL runs the drafter and `deep` side by side)
             n = threads.get(name) if isinstance(threads, dict) else threads
             return OrtPiece(name, bundle.piece_path(name), bundle.pieces[name], bundle.max_context,
-                            providers or ["CPUExecutionProvider"], n)
+                            providers or ["CPUExecutionProvider"], n, attention)
     elif backend == "tensorrt":
         from .backends.tensorrt import open_trt_piece
 
@@ -56,7 +62,9 @@ def _open_pieces(bundle: Bundle, backend: str, providers: list[str] | None,
     else:
         raise SpecExportError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
     dims = bundle.manifest.model.dims
-    sensitive = backend == "onnxruntime" and length_sensitive(bundle.manifest.graph.flavour, dims.head_dim)
+    # (the rowwise operator rounds a row alike at any length)
+    sensitive = (backend == "onnxruntime" and attention == "gqa"
+                 and length_sensitive(bundle.manifest.graph.flavour, dims.head_dim))
     opened = {}
     for name in bundle.pieces:  # shallow's and deep's attention may round by length (attention_rounding.py)
         with flash_attention_off() if sensitive and name in ("shallow", "deep") else nullcontext():

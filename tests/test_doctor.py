@@ -56,7 +56,10 @@ def test_doctor_without_a_gpu_exits_3_with_the_gpu_checks_skipped(doctor_run):
     assert set(report["subjects"]["bundle"]["modes_not_applicable"]) == {"self", "model", "tree", "pearl"}
     assert report["summary"]["gpu_checks_run"] == 0
     assert {p["name"] for p in report["versions"]} == {"driver", "cuda", "tensorrt", "cuda-python", "onnxruntime",
-                                                       "jetpack", "power"}
+                                                       "jetpack", "power", "attention operator"}
+    # the operator built with the package registers here and names its vector path
+    op = next(p for p in report["versions"] if p["name"] == "attention operator")
+    assert op["verdict"] == "ok" and op["version"] in ("avx512", "avx2", "portable"), op
     md = (out / "doctor.md").read_text()
     assert "**Exit 3:" in md and "| tiny/tensorrt/tree | skipped |" in md
 

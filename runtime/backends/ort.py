@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from .. import attention_op
 from ..errors import RunError, SpecExportError
 from ..manifest import Piece as PieceSpec
 from .buckets import CacheBuckets, dynamic_cache_len, relayout_host, relayout_in_place, view
@@ -34,10 +35,14 @@ def use_shared_thread_pool(threads: int | None = None) -> None:
         _shared_pool_threads = threads
 
 
-def session_options(threads: int | None = None) -> ort.SessionOptions:
+def session_options(threads: int | None = None, attention: str = "gqa") -> ort.SessionOptions:
+    """`attention` 'rowwise': the pieces use specexport's operator, registered here (runtime/attention_op.py);
+    it runs on the session's intra-op threads."""
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.log_severity_level = 3
+    if attention == "rowwise":
+        attention_op.register(opts)
     if _shared_pool_threads is not None:
         opts.use_per_session_threads = False
         return opts
@@ -88,10 +93,10 @@ class OrtPiece:
     """
 
     def __init__(self, name: str, path: Path, spec: PieceSpec, max_context: int, providers: list[str],
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, attention: str = "gqa") -> None:
         self.name = name
         try:
-            self.session = ort.InferenceSession(str(path), session_options(threads),
+            self.session = ort.InferenceSession(str(path), session_options(threads, attention),
                                                 providers=provider_list(providers, Path(path).parent))
         except Exception as exc:
             raise SpecExportError(f"ONNX Runtime could not load piece {name!r} from {path}: {exc}") from None

@@ -1,0 +1,142 @@
+"""Bundles built with --attention rowwise (exporter/row_attention.py) on the tiny random Llama, at fp32, int8 and
+int4: the manifest and the graphs say so, one-row calls carry no copied row, verification rows are one-token
+calls bit for bit, every mode gives AR's tokens, and a runtime without the operator refuses in one sentence."""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from specexport.exporter.build import build_bundle
+from specexport.runtime import attention_op, load
+from specexport.runtime.decode import ids_array
+from specexport.runtime.errors import SpecExportError
+
+from .conftest import make_noisy_drafter
+from .test_tree_attention import leading_rows_are_ar_bit_for_bit
+
+pytestmark = pytest.mark.skipif(not attention_op.available(), reason="the attention operator is not built")
+
+PRECISIONS = ("fp32", "int8", "int4")
+PROMPTS = ["hash table", "the quick brown fox", "write a haiku about the sea"]
+SYSTEMS = {
+    "self": {"mode": "self"},
+    "model": {"mode": "model"},
+    "lookup": {"mode": "lookup"},
+    "auto": {"mode": "auto"},
+    "tree": {"mode": "model", "tree": "4:3:2:10:0.08:0.3"},
+    "pearl": {"mode": "model", "schedule": "pearl"},
+}
+
+
+@pytest.fixture(scope="module")
+def rowwise_bundle(tmp_path_factory, tiny_checkpoint):
+    """precision -> a tiny rowwise bundle with an untrained adapter and a noisy drafter, built once."""
+    root = tmp_path_factory.mktemp("rowwise")
+    drafter = make_noisy_drafter(tiny_checkpoint, root / "drafter")
+    built: dict[str, Path] = {}
+
+    def build(precision: str) -> Path:
+        if precision not in built:
+            out = root / precision
+            build_bundle(out, model=str(tiny_checkpoint), drafter=str(drafter), adapter="untrained", exit_layer=2,
+                         context=256, flavour="ort", precision=precision, attention="rowwise",
+                         # the tiny drafter's int4 logits are off PyTorch's by more than int4's parity allows
+                         drafting_precision="int8" if precision == "int4" else None)
+            built[precision] = out
+        return built[precision]
+
+    return build
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_manifest_and_graphs_use_the_operator(rowwise_bundle, precision):
+    root = rowwise_bundle(precision)
+    session = load(root)
+    manifest = session.bundle.manifest
+    assert manifest.graph.attention == "rowwise"
+    for name, spec in manifest.pieces.items():
+        ops = {n.op_type for n in onnx.load(str(root / spec.file), load_external_data=False).graph.node}
+        assert attention_op.OP_TYPE in ops and "GroupQueryAttention" not in ops, name
+    # no copied row in the graphs: attention rounds a one-row call as a row of many
+    assert manifest.pieces["shallow"].one_row_padding == manifest.pieces["deep"].one_row_padding == "none"
+    assert manifest.pieces["deep"].min_rows == 1
+    # the weight MatMuls may still need the session's padding on this CPU (its load-time probe says): int4's
+    # MLAS kernels on some x86 CPUs; fp32 MatMul and int8 MatMulNBits round a one-row call alike on x86, so
+    # there a padded session means the attention does not
+    if precision != "int4" and platform.machine() in ("x86_64", "AMD64"):
+        assert session.one_row_calls == "none"
+    assert session.one_row_calls in ("none", "session")
+
+
+def _split(piece, prefix: np.ndarray, rows: np.ndarray, chunks: list[int], output: str) -> np.ndarray:
+    piece.run(prefix, 0)
+    outs, done = [], 0
+    for n in chunks:
+        outs.append(piece.run(rows[:, done:done + n], prefix.shape[1] + done, keep=n)[output].copy())
+        done += n
+    return np.concatenate(outs, axis=1)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_verification_rows_are_one_token_calls_bit_for_bit(rowwise_bundle, precision):
+    session = load(rowwise_bundle(precision))
+    pieces = session.pieces
+    ids = (session.prompt_ids("the quick brown fox jumps over the lazy dog", session.options()) * 4)[:68]
+    prompt, chain = ids[:56], ids[56:]  # the chain crosses slot 64
+    hidden_prompt = pieces.shallow.run(ids_array(prompt), 0)["hidden"].copy()
+    whole = {}
+    for chunks in ([12], [1] * 12, [1, 2, 3, 2, 4]):
+        hidden = _split(pieces.shallow, ids_array(prompt), ids_array(chain), chunks, "hidden")
+        logits = _split(pieces.deep, hidden_prompt, whole.get("hidden", hidden), chunks, "logits")
+        if not whole:
+            whole = {"hidden": hidden, "logits": logits}
+            continue
+        np.testing.assert_array_equal(hidden, whole["hidden"], err_msg=f"shallow, calls of {chunks} rows")
+        np.testing.assert_array_equal(logits, whole["logits"], err_msg=f"deep, calls of {chunks} rows")
+    leading_rows_are_ar_bit_for_bit(pieces, session.bundle.manifest.model.dims.hidden)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_every_mode_gives_ar_tokens(rowwise_bundle, precision):
+    session = load(rowwise_bundle(precision))
+    drafted = 0
+    for prompt in PROMPTS:
+        ar = session.generate(prompt, max_new_tokens=48, mode="ar")
+        assert len(ar.tokens) > 10
+        for system, opts in SYSTEMS.items():
+            out = session.generate(prompt, max_new_tokens=48, **opts)
+            assert out.tokens == ar.tokens, (precision, system, prompt)
+            drafted += out.stats.drafted
+    assert drafted > 0
+
+
+def test_load_refuses_without_the_operator(rowwise_bundle, monkeypatch):
+    root = rowwise_bundle("fp32")
+    missing = f"specexport was installed without its attention operator; {attention_op.HOW_TO_BUILD}"
+    monkeypatch.setattr(attention_op, "load_error", lambda: missing)
+    with pytest.raises(SpecExportError, match=r"row-invariant attention operator.*--attention gqa") as err:
+        load(root)
+    assert str(err.value).count(". ") == 0  # one sentence
+
+
+def test_rowwise_needs_the_ort_flavour(tmp_path, tiny_checkpoint):
+    with pytest.raises(SpecExportError, match="--attention rowwise replaces the 'ort' flavour"):
+        build_bundle(tmp_path / "b", model=str(tiny_checkpoint), context=256, adapter="none", flavour="standard",
+                     attention="rowwise")
+
+
+def test_inspect_and_doctor_report_it(rowwise_bundle, monkeypatch):
+    from specexport.doctor.attention_op import probe_attention_op
+    from specexport.runtime.inspect_bundle import inspect_bundle, render
+
+    text = render(inspect_bundle(rowwise_bundle("fp32")))
+    assert f"attention rowwise (specexport.{attention_op.OP_TYPE}; loads here)" in text
+    assert probe_attention_op().verdict == "ok"
+    monkeypatch.setattr(attention_op, "load_error", lambda: "specexport was installed without its attention operator")
+    assert "cannot load here: specexport was installed without" in render(inspect_bundle(rowwise_bundle("fp32")))
+    missing = probe_attention_op()
+    assert missing.verdict == "warning" and "--attention rowwise will not load" in missing.why
