@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from specexport.runtime import load  # noqa: E402
 from specexport.serve import create_app  # noqa: E402
 
-from .test_serve import PROMPT, ThreadServer, _post  # noqa: E402
+from .test_serve import PROMPT, ThreadServer, _post, _wait_idle, slow_down  # noqa: E402
 from .test_serve_errors import FailingOrt  # noqa: E402
 
 REPEATS = "the quick brown fox jumps over the lazy dog; " * 3  # prompt lookup finds drafts in it
@@ -110,7 +110,8 @@ def test_metrics_of_one_request_at_a_time(one_at_a_time):
     assert _post(server, "/v1/completions", {"prompt": PROMPT, "specexport": {"mode": "fast"}}).status_code == 400
     assert _post(server, "/v1/completions", {"prompt": PROMPT, "specexport": {"mode": "model"}}).status_code == 400
     FailingOrt(server.app.state.worker.session.pieces.deep.session, fail_at=3)
-    assert _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 12}).status_code == 500
+    failing = {"prompt": PROMPT, "max_tokens": 12, "specexport": {"mode": "ar"}}  # ar: three deep calls in
+    assert _post(server, "/v1/completions", failing).status_code == 500
     after = Scrape(server)
 
     outcomes = {o: after.value("specexport_requests_total", outcome=o) for o in
@@ -123,6 +124,17 @@ def test_metrics_of_one_request_at_a_time(one_at_a_time):
     assert after.value("specexport_step_rows_count") == after.value("specexport_step_rows_sum") == decode_steps
     assert after.value("specexport_step_seconds_sum") > 0
     assert after.value("specexport_queue_depth") == 0 and after.value("specexport_requests_running") == 0
+
+    # a client that gives up: its generation is cancelled, and the tokens it made still count
+    slow_down(server.app.state.worker.session, 0.02)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/v1/completions", timeout=0.5,
+                   json={"prompt": PROMPT, "max_tokens": 200, "specexport": {"mode": "ar"}})
+    made = _wait_idle(server)["last_cancelled_tokens"]
+    last = Scrape(server)
+    assert last.value("specexport_requests_total", outcome="cancelled") == 1
+    assert last.value("specexport_generation_tokens_total", mode="ar") - after.value(
+        "specexport_generation_tokens_total", mode="ar") == made > 0
 
 
 def test_metrics_of_a_batching_server(batching):
