@@ -85,8 +85,16 @@ float exp_sum_portable(float* s, int n, float m) {  // s[k] <- e^(s[k] - m); ret
   return reduce_lanes(acc);
 }
 
-void axpy_portable(float* acc, float w, const float* v, int n) {
-  for (int d = 0; d < n; ++d) acc[d] = std::fma(w, v[d], acc[d]);
+// scores[t] = q . keys[slots[t]]; acc += sum_t w[t] keys... : the batched forms every path implements
+void scores_portable(const float* q, const float* keys, const int64_t* slots, int n, int hd, float* out) {
+  for (int t = 0; t < n; ++t) out[t] = dot_portable(q, keys + slots[t] * hd, hd);
+}
+
+void wsum_portable(const float* w, const float* vals, const int64_t* slots, int n, int hd, float* acc) {
+  for (int t = 0; t < n; ++t) {  // acc[d] = fma(w[t], v_t[d], acc[d]) in slot order, for every d
+    const float* v = vals + slots[t] * hd;
+    for (int d = 0; d < hd; ++d) acc[d] = std::fma(w[t], v[d], acc[d]);
+  }
 }
 
 void scale_portable(float* out, const float* acc, float sum, int n) {
@@ -102,16 +110,6 @@ __attribute__((target("avx2,fma"))) inline float reduce_avx2(__m256 lo, __m256 h
   __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
   __m128 v = _mm_add_ps(u, _mm_movehl_ps(u, u));
   return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
-}
-
-__attribute__((target("avx2,fma"))) float dot_avx2(const float* a, const float* b, int n) {
-  if (n % kLanes) return dot_portable(a, b, n);
-  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
-  for (int d = 0; d < n; d += kLanes) {
-    lo = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), lo);
-    hi = _mm256_fmadd_ps(_mm256_loadu_ps(a + d + 8), _mm256_loadu_ps(b + d + 8), hi);
-  }
-  return reduce_avx2(lo, hi);
 }
 
 __attribute__((target("avx2,fma"))) inline __m256 exp_avx2(__m256 x) {
@@ -153,38 +151,79 @@ __attribute__((target("avx2,fma"))) float exp_sum_avx2(float* s, int n, float m)
   return reduce_lanes(acc);
 }
 
-__attribute__((target("avx2,fma"))) void axpy_avx2(float* acc, float w, const float* v, int n) {
-  __m256 ww = _mm256_set1_ps(w);
-  int d = 0;
-  for (; d + 8 <= n; d += 8)
-    _mm256_storeu_ps(acc + d, _mm256_fmadd_ps(ww, _mm256_loadu_ps(v + d), _mm256_loadu_ps(acc + d)));
-  for (; d < n; ++d) acc[d] = std::fma(w, v[d], acc[d]);
+__attribute__((target("avx2,fma"))) void scores_avx2(const float* q, const float* keys, const int64_t* slots, int n,
+                                                     int hd, float* out) {
+  if (hd % kLanes) return scores_portable(q, keys, slots, n, hd, out);
+  for (int t = 0; t < n; ++t) {
+    const float* k = keys + slots[t] * hd;
+    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+    for (int d = 0; d < hd; d += kLanes) {
+      lo = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), lo);
+      hi = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), _mm256_loadu_ps(k + d + 8), hi);
+    }
+    out[t] = reduce_avx2(lo, hi);
+  }
+}
+
+// the accumulators of 64 features stay in registers while every slot's values are added
+__attribute__((target("avx2,fma"))) void wsum_avx2(const float* w, const float* vals, const int64_t* slots, int n,
+                                                   int hd, float* acc) {
+  int d0 = 0;
+  for (; d0 + 64 <= hd; d0 += 64) {
+    __m256 a0 = _mm256_loadu_ps(acc + d0), a1 = _mm256_loadu_ps(acc + d0 + 8), a2 = _mm256_loadu_ps(acc + d0 + 16),
+           a3 = _mm256_loadu_ps(acc + d0 + 24), a4 = _mm256_loadu_ps(acc + d0 + 32),
+           a5 = _mm256_loadu_ps(acc + d0 + 40), a6 = _mm256_loadu_ps(acc + d0 + 48),
+           a7 = _mm256_loadu_ps(acc + d0 + 56);
+    for (int t = 0; t < n; ++t) {
+      const float* v = vals + slots[t] * hd + d0;
+      __m256 ww = _mm256_set1_ps(w[t]);
+      a0 = _mm256_fmadd_ps(ww, _mm256_loadu_ps(v), a0);
+      a1 = _mm256_fmadd_ps(ww, _mm256_loadu_ps(v + 8), a1);
+      a2 = _mm256_fmadd_ps(ww, _mm256_loadu_ps(v + 16), a2);
+      a3 = _mm256_fmadd_ps(ww, _mm256_loadu_ps(v + 24), a3);
+      a4 = _mm256_fmadd_ps(ww, _mm256_loadu_ps(v + 32), a4);
+      a5 = _mm256_fmadd_ps(ww, _mm256_loadu_ps(v + 40), a5);
+      a6 = _mm256_fmadd_ps(ww, _mm256_loadu_ps(v + 48), a6);
+      a7 = _mm256_fmadd_ps(ww, _mm256_loadu_ps(v + 56), a7);
+    }
+    _mm256_storeu_ps(acc + d0, a0);
+    _mm256_storeu_ps(acc + d0 + 8, a1);
+    _mm256_storeu_ps(acc + d0 + 16, a2);
+    _mm256_storeu_ps(acc + d0 + 24, a3);
+    _mm256_storeu_ps(acc + d0 + 32, a4);
+    _mm256_storeu_ps(acc + d0 + 40, a5);
+    _mm256_storeu_ps(acc + d0 + 48, a6);
+    _mm256_storeu_ps(acc + d0 + 56, a7);
+  }
+  for (; d0 + 8 <= hd; d0 += 8) {
+    __m256 a = _mm256_loadu_ps(acc + d0);
+    for (int t = 0; t < n; ++t) a = _mm256_fmadd_ps(_mm256_set1_ps(w[t]), _mm256_loadu_ps(vals + slots[t] * hd + d0), a);
+    _mm256_storeu_ps(acc + d0, a);
+  }
+  for (; d0 < hd; ++d0)
+    for (int t = 0; t < n; ++t) acc[d0] = std::fma(w[t], vals[slots[t] * hd + d0], acc[d0]);
 }
 
 // ---------------------------------------------------------------------------------------------------------
 // AVX-512F: one register holds the 16 lanes.
 
-__attribute__((target("avx512f"))) float dot_avx512(const float* a, const float* b, int n) {
-  if (n % kLanes) return dot_portable(a, b, n);
-  __m512 acc = _mm512_setzero_ps();
-  for (int d = 0; d < n; d += kLanes) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), _mm512_loadu_ps(b + d), acc);
-  alignas(64) float lanes[kLanes];
-  _mm512_store_ps(lanes, acc);
-  return reduce_lanes(lanes);
-}
-
-__attribute__((target("avx512f"))) void axpy_avx512(float* acc, float w, const float* v, int n) {
-  __m512 ww = _mm512_set1_ps(w);
-  int d = 0;
-  for (; d + 16 <= n; d += 16)
-    _mm512_storeu_ps(acc + d, _mm512_fmadd_ps(ww, _mm512_loadu_ps(v + d), _mm512_loadu_ps(acc + d)));
-  for (; d < n; ++d) acc[d] = std::fma(w, v[d], acc[d]);
+__attribute__((target("avx512f,avx2,fma"))) void scores_avx512(const float* q, const float* keys,
+                                                                const int64_t* slots, int n, int hd, float* out) {
+  if (hd % kLanes) return scores_portable(q, keys, slots, n, hd, out);
+  for (int t = 0; t < n; ++t) {
+    const float* k = keys + slots[t] * hd;
+    __m512 acc = _mm512_setzero_ps();
+    for (int d = 0; d < hd; d += kLanes) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(k + d), acc);
+    alignas(64) float lanes[kLanes];  // lanes 0-7 and 8-15 as AVX2's two registers, then the same tree
+    _mm512_store_ps(lanes, acc);
+    out[t] = reduce_avx2(_mm256_load_ps(lanes), _mm256_load_ps(lanes + 8));
+  }
 }
 
 struct Kernels {
-  float (*dot)(const float*, const float*, int);
+  void (*scores)(const float*, const float*, const int64_t*, int, int, float*);
   float (*exp_sum)(float*, int, float);
-  void (*axpy)(float*, float, const float*, int);
+  void (*wsum)(const float*, const float*, const int64_t*, int, int, float*);
 };
 
 Isa detect_isa() {
@@ -201,9 +240,9 @@ Isa detect_isa() {
 
 Kernels kernels_for(Isa isa) {
   switch (isa) {
-    case Isa::avx512: return {dot_avx512, exp_sum_avx2, axpy_avx512};
-    case Isa::avx2: return {dot_avx2, exp_sum_avx2, axpy_avx2};
-    default: return {dot_portable, exp_sum_portable, axpy_portable};
+    case Isa::avx512: return {scores_avx512, exp_sum_avx2, wsum_avx2};
+    case Isa::avx2: return {scores_avx2, exp_sum_avx2, wsum_avx2};
+    default: return {scores_portable, exp_sum_portable, wsum_portable};
   }
 }
 
@@ -273,25 +312,26 @@ void attend(void* data, size_t item) {  // item: (b, head, i) -> one output row
   const float* keys = c.kc + (b * c.a.kv_heads + kh) * c.C * c.hd;
   const float* vals = c.vc + (b * c.a.kv_heads + kh) * c.C * c.hd;
   int n = 0;
-  float m = -INFINITY;
-  for (int64_t j = 0; j <= last; ++j) {
-    float add = bias ? bias[j] : 0.0f;
-    if (add <= kMasked) continue;
-    float s = c.k.dot(qrot.data(), keys + j * c.hd, static_cast<int>(c.hd)) * c.a.scale;
-    if (c.a.softcap > 0.0f) s = c.a.softcap * std::tanh(s / c.a.softcap);
-    s += add;
-    scores[n] = s;
-    slots[n++] = j;
-    m = std::max(m, s);
-  }
+  for (int64_t j = 0; j <= last; ++j)
+    if (!bias || bias[j] > kMasked) slots[n++] = j;
   float* out = c.out + (b * c.S + i) * c.a.heads * c.hd + h * c.hd;
   if (n == 0) {
     std::memset(out, 0, sizeof(float) * c.hd);
     return;
   }
+  int hd = static_cast<int>(c.hd);
+  c.k.scores(qrot.data(), keys, slots.data(), n, hd, scores.data());
+  float m = -INFINITY;
+  for (int t = 0; t < n; ++t) {
+    float s = scores[t] * c.a.scale;
+    if (c.a.softcap > 0.0f) s = c.a.softcap * std::tanh(s / c.a.softcap);
+    if (bias) s += bias[slots[t]];
+    scores[t] = s;
+    m = std::max(m, s);
+  }
   float sum = c.k.exp_sum(scores.data(), n, m);
-  for (int t = 0; t < n; ++t) c.k.axpy(acc.data(), scores[t], vals + slots[t] * c.hd, static_cast<int>(c.hd));
-  scale_portable(out, acc.data(), sum, static_cast<int>(c.hd));
+  c.k.wsum(scores.data(), vals, slots.data(), n, hd, acc.data());
+  scale_portable(out, acc.data(), sum, hd);
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -437,7 +477,8 @@ OrtStatus* compute(void* op_kernel, OrtKernelContext* ctx) {
   c.kc = pk_out;
   c.vc = pv_out;
   // all new keys and values first: a row reads those of the call's earlier rows
-  RETURN_IF(g_api->KernelContext_ParallelFor(ctx, write_kv, static_cast<size_t>(c.B * Hk * c.S), 0, &c));
+  // (inline: copies and rotations are cheap, and a pool wake-up per call is not)
+  for (size_t item = 0; item < static_cast<size_t>(c.B * Hk * c.S); ++item) write_kv(&c, item);
   return g_api->KernelContext_ParallelFor(ctx, attend, static_cast<size_t>(c.B * H * c.S), 0, &c);
 }
 
