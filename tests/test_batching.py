@@ -239,3 +239,28 @@ def test_ignore_eos_in_a_batch(session, expected):
             assert full.result() == reference[0][:LENGTHS[0]] and full.finish_reason == "length"
         finally:
             scheduler.codec.eos_ids = real
+
+
+def test_a_scheduler_on_a_session_opens_no_piece_again(session, expected, monkeypatch):
+    # the Session loaded every piece's weights; the scheduler shares its ONNX Runtime sessions (serve --batch
+    # opens the bundle once) and still gives each request AR's tokens
+    import onnxruntime as ort
+
+    opened = []
+    real = ort.InferenceSession
+
+    class Counting(real):
+        def __init__(self, *args, **kwargs):
+            opened.append(args[0] if args else kwargs.get("path_or_bytes"))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", Counting)
+    with BatchScheduler(session, max_batch=2, cost=COST) as scheduler:
+        assert scheduler.pieces.deep.session is session.pieces.deep.session
+        ids, reference = expected
+        assert scheduler.submit(ids[0], max_new_tokens=16, mode="lookup").result() == reference[0][:16]
+    assert opened == []
+    # from a bundle path it opens the pieces itself
+    with BatchScheduler(session.bundle.root, max_batch=1, cost=COST) as scheduler:
+        assert scheduler.pieces.deep.session is not session.pieces.deep.session
+    assert len(opened) >= 2

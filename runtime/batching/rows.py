@@ -42,13 +42,17 @@ class BatchedPiece:
     tokens at positions starts[i] .. starts[i] + n - 1; returns the piece's non-cache outputs, [k, ...]."""
 
     def __init__(self, name: str, path: Path, spec: PieceSpec, max_context: int, max_rows: int,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, session: ort.InferenceSession | None = None) -> None:
+        """`session`: the piece as a Session already opened it (its weights are not loaded again); the caches
+        are this piece's own either way, one row per request."""
         self.name, self.max_context = name, max_context
-        try:
-            self.session = ort.InferenceSession(str(path), session_options(threads),
-                                                providers=["CPUExecutionProvider"])
-        except Exception as exc:
-            raise SpecExportError(f"ONNX Runtime could not load piece {name!r} from {path}: {exc}") from None
+        if session is None:
+            try:
+                session = ort.InferenceSession(str(path), session_options(threads),
+                                               providers=["CPUExecutionProvider"])
+            except Exception as exc:
+                raise SpecExportError(f"ONNX Runtime could not load piece {name!r} from {path}: {exc}") from None
+        self.session = session
         self.input_names = {t.name for t in spec.inputs}
         self.primary = next(t.name for t in spec.inputs if t.name in ("input_ids", "hidden_in"))
         self.bias_dtype = next(t.dtype for t in spec.inputs if t.name == "attention_bias")

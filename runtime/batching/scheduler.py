@@ -32,8 +32,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+import onnxruntime as ort
 
 from ..assemble import MODE_PIECES, PIECE_FIXES
+from ..backends.common import WrappedPiece
+from ..backends.ort import OrtPiece
 from ..bundle import Bundle, load_bundle
 from ..drafters import LOOKUP_MAX_TOKENS, AdapterState, LookupDrafter
 from ..errors import RunError, SpecExportError
@@ -74,6 +77,15 @@ class StepCounts:
         self.max_rows = max(self.max_rows, rows)
 
 
+def opened_session(source, name: str) -> ort.InferenceSession | None:
+    """The ONNX Runtime session a Session opened for piece `name` on the CPU, which the scheduler shares
+    rather than loading the weights a second time; None for a bundle path, another backend or a device."""
+    piece = getattr(getattr(source, "pieces", None), name, None)
+    while isinstance(piece, WrappedPiece):  # the Session's padding and feature taps around the piece
+        piece = piece.piece
+    return piece.session if isinstance(piece, OrtPiece) and piece.device is None else None
+
+
 class BatchScheduler:
     def __init__(self, source: Session | str | Path, max_batch: int = 4, threads: int | None = None,
                  cost: BatchCost | None = None, max_draft: int = LOOKUP_MAX_TOKENS) -> None:
@@ -90,7 +102,7 @@ class BatchScheduler:
 
         def open_piece(name: str) -> BatchedPiece:
             return BatchedPiece(name, bundle.piece_path(name), bundle.pieces[name], bundle.max_context, max_batch,
-                                threads)
+                                threads, opened_session(source, name))
 
         def open_head(name: str) -> DraftHead | None:
             if name not in bundle.pieces:
