@@ -151,10 +151,43 @@ __attribute__((target("avx2,fma"))) float exp_sum_avx2(float* s, int n, float m)
   return reduce_lanes(acc);
 }
 
+// Four keys' lane sums reduced together: each key's sums are added in reduce_avx2's pairs, so its score has
+// the same bits, while the shuffles are shared and the four keys' multiply-add chains run side by side.
+__attribute__((target("avx2,fma"))) inline __m128 reduce4_avx2(__m256 lo_a, __m256 hi_a, __m256 lo_b, __m256 hi_b,
+                                                               __m256 lo_c, __m256 hi_c, __m256 lo_d, __m256 hi_d) {
+  __m256 ta = _mm256_add_ps(lo_a, hi_a), tb = _mm256_add_ps(lo_b, hi_b);  // t[l] = s[l] + s[l + 8]
+  __m256 tc = _mm256_add_ps(lo_c, hi_c), td = _mm256_add_ps(lo_d, hi_d);
+  __m256 uab = _mm256_add_ps(_mm256_permute2f128_ps(ta, tb, 0x20), _mm256_permute2f128_ps(ta, tb, 0x31));  // + t[l + 4]
+  __m256 ucd = _mm256_add_ps(_mm256_permute2f128_ps(tc, td, 0x20), _mm256_permute2f128_ps(tc, td, 0x31));
+  // v0 = u0 + u2, v1 = u1 + u3: [a0 a1 c0 c1 | b0 b1 d0 d1]
+  __m256 v = _mm256_add_ps(_mm256_shuffle_ps(uab, ucd, _MM_SHUFFLE(1, 0, 1, 0)),
+                           _mm256_shuffle_ps(uab, ucd, _MM_SHUFFLE(3, 2, 3, 2)));
+  __m256 w = _mm256_add_ps(v, _mm256_shuffle_ps(v, v, _MM_SHUFFLE(2, 3, 0, 1)));  // v0 + v1 in lanes 0, 2, 4, 6
+  return _mm256_castps256_ps128(_mm256_permutevar8x32_ps(w, _mm256_setr_epi32(0, 4, 2, 6, 0, 0, 0, 0)));
+}
+
 __attribute__((target("avx2,fma"))) void scores_avx2(const float* q, const float* keys, const int64_t* slots, int n,
                                                      int hd, float* out) {
   if (hd % kLanes) return scores_portable(q, keys, slots, n, hd, out);
-  for (int t = 0; t < n; ++t) {
+  int t = 0;
+  for (; t + 4 <= n; t += 4) {
+    const float *ka = keys + slots[t] * hd, *kb = keys + slots[t + 1] * hd;
+    const float *kc = keys + slots[t + 2] * hd, *kd = keys + slots[t + 3] * hd;
+    __m256 la = _mm256_setzero_ps(), ha = la, lb = la, hb = la, lc = la, hc = la, ld = la, hd_ = la;
+    for (int d = 0; d < hd; d += kLanes) {
+      __m256 q0 = _mm256_loadu_ps(q + d), q1 = _mm256_loadu_ps(q + d + 8);
+      la = _mm256_fmadd_ps(q0, _mm256_loadu_ps(ka + d), la);
+      ha = _mm256_fmadd_ps(q1, _mm256_loadu_ps(ka + d + 8), ha);
+      lb = _mm256_fmadd_ps(q0, _mm256_loadu_ps(kb + d), lb);
+      hb = _mm256_fmadd_ps(q1, _mm256_loadu_ps(kb + d + 8), hb);
+      lc = _mm256_fmadd_ps(q0, _mm256_loadu_ps(kc + d), lc);
+      hc = _mm256_fmadd_ps(q1, _mm256_loadu_ps(kc + d + 8), hc);
+      ld = _mm256_fmadd_ps(q0, _mm256_loadu_ps(kd + d), ld);
+      hd_ = _mm256_fmadd_ps(q1, _mm256_loadu_ps(kd + d + 8), hd_);
+    }
+    _mm_storeu_ps(out + t, reduce4_avx2(la, ha, lb, hb, lc, hc, ld, hd_));
+  }
+  for (; t < n; ++t) {
     const float* k = keys + slots[t] * hd;
     __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
     for (int d = 0; d < hd; d += kLanes) {
@@ -302,9 +335,11 @@ void attend(void* data, size_t item) {  // item: (b, head, i) -> one output row
   int64_t kh = h / (c.a.heads / c.a.kv_heads);
   thread_local std::vector<float> scores, qrot, acc;
   thread_local std::vector<int64_t> slots;
+  thread_local std::vector<float> adds;
   int64_t last = c.past[b] + i;  // the query's own slot
   scores.resize(last + 1);
   slots.resize(last + 1);
+  adds.resize(last + 1);
   qrot.resize(c.hd);
   acc.assign(c.hd, 0.0f);
   rotate(c, c.q + (b * c.S + i) * c.q_stride + h * c.hd, qrot.data(), position(c, b, i));
@@ -312,8 +347,16 @@ void attend(void* data, size_t item) {  // item: (b, head, i) -> one output row
   const float* keys = c.kc + (b * c.a.kv_heads + kh) * c.C * c.hd;
   const float* vals = c.vc + (b * c.a.kv_heads + kh) * c.C * c.hd;
   int n = 0;
-  for (int64_t j = 0; j <= last; ++j)
-    if (!bias || bias[j] > kMasked) slots[n++] = j;
+  if (bias) {
+    for (int64_t j = 0; j <= last; ++j) {  // branch-free: a masked slot is written and then overwritten
+      slots[n] = j;
+      adds[n] = bias[j];
+      n += bias[j] > kMasked;
+    }
+  } else {
+    for (int64_t j = 0; j <= last; ++j) slots[j] = j;
+    n = static_cast<int>(last + 1);
+  }
   float* out = c.out + (b * c.S + i) * c.a.heads * c.hd + h * c.hd;
   if (n == 0) {
     std::memset(out, 0, sizeof(float) * c.hd);
@@ -321,14 +364,17 @@ void attend(void* data, size_t item) {  // item: (b, head, i) -> one output row
   }
   int hd = static_cast<int>(c.hd);
   c.k.scores(qrot.data(), keys, slots.data(), n, hd, scores.data());
-  float m = -INFINITY;
-  for (int t = 0; t < n; ++t) {
-    float s = scores[t] * c.a.scale;
-    if (c.a.softcap > 0.0f) s = c.a.softcap * std::tanh(s / c.a.softcap);
-    if (bias) s += bias[slots[t]];
-    scores[t] = s;
-    m = std::max(m, s);
+  float* sc = scores.data();
+  const float scale = c.a.scale, cap = c.a.softcap;
+  for (int t = 0; t < n; ++t) sc[t] *= scale;
+  if (cap > 0.0f)
+    for (int t = 0; t < n; ++t) sc[t] = cap * std::tanh(sc[t] / cap);
+  if (bias) {
+    const float* add = adds.data();
+    for (int t = 0; t < n; ++t) sc[t] += add[t];
   }
+  float m = -INFINITY;
+  for (int t = 0; t < n; ++t) m = sc[t] > m ? sc[t] : m;
   float sum = c.k.exp_sum(scores.data(), n, m);
   c.k.wsum(scores.data(), vals, slots.data(), n, hd, acc.data());
   scale_portable(out, acc.data(), sum, hd);
