@@ -110,48 +110,46 @@ def make_systems(session: Session, cfg: BenchConfig, threads: int,
     """The systems to run, reference first, and those known already not to run (name -> reason).
     PEARL's systems share the session: pearl_threads gives every piece all `threads`, and a run with
     PEARL opens the pieces with pools of their own (cli/bench.py)."""
-    from ..runtime.assemble import MODES as LOOPS
-    from ..runtime.assemble import resolve_mode
+    from ..runtime.choices import MODES
     from ..runtime.pearl import pearl_threads
-    from ..runtime.policies import GOODPUT_MODES
 
     skipped: dict[str, str] = {}
     systems: list[System] = [SpecExportSystem(session, "ar", threads)]
     split = pearl_threads(threads)
     pearl_note = (f"ONNX Runtime, PEARL: drafter and deep on two Python threads, a thread pool per piece,"
                   f" intra-op threads: deep {split['deep']}, drafting pieces {split['shallow']}")
-    for mode in dict.fromkeys(cfg.modes if cfg.modes is not None else LOOPS):
+    modes = cfg.modes if cfg.modes is not None else MODES
+
+    def refusal(system: SpecExportSystem) -> str | None:
+        """Why the session refuses the system's options (the sentence `generate` gives), or None."""
+        try:
+            plan = session.plan(session.options(**system.options()))
+        except SpecExportError as exc:
+            return str(exc)
+        if plan.mode != system.mode and plan.mode in modes:
+            return f"schedule {plan.schedule} runs mode {system.mode} as {plan.mode}, which runs already"
+        return None
+
+    for mode in dict.fromkeys(modes):
         if mode == "ar":
             continue
         for schedule, policy in variants(cfg):
             pearl = schedule == "pearl"
             system = SpecExportSystem(session, mode, threads, schedule, policy, note=pearl_note if pearl else None)
-            try:
-                resolve_mode(session.context, mode)
-                runs = mode
-                if pearl:
-                    from ..runtime.pearl import pearl_mode
-
-                    runs = pearl_mode(mode, session.pieces)
-                    if runs != mode and runs in (cfg.modes or LOOPS):
-                        raise SpecExportError(f"schedule 'pearl' runs mode {mode} as {runs}, which runs already")
-                if (policy or "").startswith("goodput") and runs not in GOODPUT_MODES:
-                    raise SpecExportError(f"the goodput policy has a cost model for modes {', '.join(GOODPUT_MODES)},"
-                                          f" not {runs}")
-            except SpecExportError as exc:
-                skipped[system.name] = str(exc)
-                continue
-            systems.append(system)
+            why = refusal(system)
+            if why is None:
+                systems.append(system)
+            else:
+                skipped[system.name] = why
     # each tree shape from the drafter, and from the draft head where the bundle has one
     for tree in cfg.trees or []:
         for mode in ["model", *(["head"] if session.pieces.head is not None else [])]:
             system = SpecExportSystem(session, mode, threads, tree=tree)
-            try:
-                resolve_mode(session.context, mode)
-            except SpecExportError as exc:
-                skipped[system.name] = str(exc)
-                continue
-            systems.append(system)
+            why = refusal(system)
+            if why is None:
+                systems.append(system)
+            else:
+                skipped[system.name] = why
 
     manifest = session.bundle.manifest
     checkpoint = _checkpoint(manifest)

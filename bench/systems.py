@@ -97,11 +97,14 @@ class SpecExportSystem(System):
         self.note = note or (f"ONNX Runtime, intra-op threads: {threads}" if threads else "ONNX Runtime")
         self.note += f"; one-token calls padded: {session.one_row_calls}"
 
+    def options(self) -> dict:
+        """The session options this system runs with (but the length)."""
+        return dict(mode=self.mode, temperature=0.0, top_k=0, top_p=1.0, schedule=self.schedule, policy=self.policy,
+                    tree=self.tree, ignore_eos=self.ignore_eos)
+
     def generate(self, prompt_ids: list[int], max_new_tokens: int) -> RunResult:
         t0 = time.perf_counter()
-        g = self.session.generate_ids(prompt_ids, max_new_tokens=max_new_tokens, mode=self.mode,
-                                      temperature=0.0, top_k=0, top_p=1.0, schedule=self.schedule,
-                                      policy=self.policy, tree=self.tree, ignore_eos=self.ignore_eos)
+        g = self.session.generate_ids(prompt_ids, max_new_tokens=max_new_tokens, **self.options())
         seconds = time.perf_counter() - t0
         s = g.stats
         # drafted/accepted are 0 for AR; make_record turns "nothing drafted" into a null acceptance rate

@@ -227,23 +227,25 @@ def train_drafter_cmd(out, recipe, model, layers, hidden, steps, lr, prompt_limi
                f" {meta['heldout_before']['agreement']:.1%}; {meta['parameters'] / 1e6:.1f}M parameters)", err=True)
 
 
-DRAFTER_MODES = ("model", "self", "lookup", "auto")
 HIERARCHIES = {"drafter,self": "hier"}
 
 
 def generate_mode(mode: str | None, drafter: str | None, hierarchy: str | None) -> str:
-    """The mode from --mode and its aliases --drafter and --hierarchy, which must not disagree."""
+    """The mode from --mode and its alias --hierarchy, which must not disagree (and from the hidden --drafter
+    MODE that `generate` once took, which says to use --mode instead)."""
     asked = [(f"--mode {mode}", mode)] if mode else []
     if drafter:
+        # --drafter names a drafter's directory in `build`: one name per thing across commands
+        click.echo(f"warning: generate's --drafter {drafter} is deprecated; use --mode {drafter}", err=True)
         asked.append((f"--drafter {drafter}", drafter))
     if hierarchy is not None:
         key = hierarchy.replace(" ", "")
         if key not in HIERARCHIES:
-            raise SpecExportError(f"--hierarchy {hierarchy!r} is not supported; the one hierarchy is drafter,self"
+            raise OptionError(f"--hierarchy {hierarchy!r} is not supported; the one hierarchy is drafter,self"
                                   " (the drafter piece drafts, the self-draft screens, deep verifies)")
         asked.append((f"--hierarchy {key}", HIERARCHIES[key]))
     if len({m for _, m in asked}) > 1:
-        raise SpecExportError(f"{' and '.join(a for a, _ in asked)} ask for different modes; give only one")
+        raise OptionError(f"{' and '.join(a for a, _ in asked)} ask for different modes; give only one")
     return asked[0][1] if asked else "auto"
 
 
@@ -272,8 +274,8 @@ def generate_mode(mode: str | None, drafter: str | None, hierarchy: str | None) 
 @click.option("--schedule", type=click.Choice(SCHEDULES), default="sequential", show_default=True,
               help="sequential: draft, then verify; pearl: drafter and deep run side by side on two threads"
               " (PEARL), each piece with a thread pool of its own (not the shared one).")
-@click.option("--drafter", "drafter", type=click.Choice(DRAFTER_MODES), default=None,
-              help="Who drafts: the same as --mode model|self|lookup|auto.")
+@click.option("--drafter", "drafter", type=click.Choice(MODES), default=None, hidden=True,
+              help="Deprecated: use --mode (`build --drafter` takes a drafter's directory).")
 @click.option("--hierarchy", default=None, help="Drafters in a hierarchy: drafter,self (the only one: the drafter"
               " piece drafts, the adapter screens the draft, deep verifies); the same as --mode hier.")
 @click.option("--verify", type=click.Choice(VERIFY_RULES), default="exact", show_default=True,

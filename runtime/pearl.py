@@ -35,14 +35,13 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
 from .backends.common import join_states
-from .choices import SCHEDULES
 from .decode import Pieces, ids_array, prefill
 from .drafters import AdapterState, choose, fed_prefix
 from .errors import SpecExportError
@@ -368,34 +367,12 @@ def pearl(pieces: Pieces, stepper: Stepper, policy: DraftPolicy, prompt: list[in
         handoff.close()
 
 
-PEARL_MODES = {"self": "adapter", "model": "drafter"}  # mode -> the piece its drafter thread runs
-
-
-def pearl_mode(mode: str, pieces: Pieces) -> str:
-    """The mode PEARL runs: `auto` becomes the self-draft (or the drafter piece when there is no adapter)."""
-    if mode == "auto":
-        mode = next((m for m, piece in PEARL_MODES.items() if getattr(pieces, piece) is not None), None)
-        if mode is None:
-            raise SpecExportError("schedule 'pearl' needs a drafter to run beside `deep`, and this bundle has no"
-                                  " adapter or drafter piece; rebuild it with one or use --schedule sequential")
-    if mode not in PEARL_MODES:
-        raise SpecExportError(f"schedule 'pearl' drafts one token at a time on a thread of its own, which modes"
-                              f" {' and '.join(PEARL_MODES)} do, not {mode!r}; use --schedule sequential")
-    return mode
-
-
-def pearl_loop(pieces: Pieces, mode: str, opts, make_policy, prompt: list[int], params: SamplingParams,
-               rng: np.random.Generator, stats: Stats, max_context: int) -> Iterator[list[int]]:
-    """The session's entry (runtime/session.py): checks the options and builds everything before the first
-    token, so that a bad option fails at once and the goodput policy times the pieces before the prefill."""
-    if opts.schedule not in SCHEDULES:
-        raise SpecExportError(f"unknown schedule {opts.schedule!r}; use one of {', '.join(SCHEDULES)}")
-    if opts.verify != "exact":
-        raise SpecExportError(f"schedule 'pearl' is lossless only; --verify {opts.verify} needs --schedule"
-                              " sequential")
-    mode = pearl_mode(mode, pieces)
+def pearl_loop(pieces: Pieces, mode: str, make_policy: Callable[[], DraftPolicy], prompt: list[int],
+               params: SamplingParams, rng: np.random.Generator, stats: Stats, max_context: int) -> Iterator[list[int]]:
+    """The session's entry for a plan that schedules PEARL (runtime/plan.py resolved `mode` to self or model):
+    builds everything before the first token, so that the goodput policy times the pieces before the prefill."""
     check_thread_pools(pieces)
-    policy = make_policy(mode)
+    policy = make_policy()
     stepper = SelfStepper(pieces) if mode == "self" else ModelStepper(pieces)
     stats.mode = f"{mode}, pearl"
     return pearl(pieces, stepper, policy, prompt, params, rng, stats, max_context)

@@ -242,7 +242,12 @@ def make_policy(spec: str | None, gamma: int, eta: float,
     `gamma` and `eta` are the bundle's (or the user's) defaults (gamma is also entropy's and goodput's most
     drafts per step); `cost(gamma_max)` returns the cost model goodput needs (measured once, when first
     asked for)."""
-    name, value = parse_policy(spec, gamma, eta)
+    return policy_of(*parse_policy(spec, gamma, eta), gamma, cost)
+
+
+def policy_of(name: str, value: int | float, gamma: int, cost: Callable[[int], CostModel] | None = None
+              ) -> DraftPolicy:
+    """The policy `parse_policy` names, with its number (a request's plan holds both: runtime/plan.py)."""
     if name == "fixed":
         return FixedPolicy(int(value))
     if name == "confidence":

@@ -22,6 +22,7 @@ from .decode import Pieces, emitted
 from .errors import SpecExportError
 from .head import FeatureTap
 from .options import Limits, Options, make_options
+from .plan import Capabilities, Plan, make_plan
 from .row_padding import TwoRowCalls, pad_if_needed
 from .sampling import SamplingParams
 from .stats import Stats
@@ -123,9 +124,16 @@ class Session:
         return "none" if spec.one_row_padding == "none" else "attention"
 
     def options(self, **overrides) -> Options:
-        """The bundle's generation defaults with `overrides` (None: keep the default), checked: a bad value
-        raises OptionError, one sentence naming the option."""
-        return make_options(self.defaults, overrides, self.limits)
+        """The bundle's generation defaults with `overrides` (None: keep the default), checked alone, together
+        and against the bundle (`plan`): a bad value or one the bundle cannot run raises OptionError, one
+        sentence."""
+        opts = make_options(self.defaults, overrides, self.limits)
+        self.plan(opts)
+        return opts
+
+    def plan(self, opts: Options) -> Plan:
+        """How `opts` decode on this bundle (runtime/plan.py), or OptionError, one sentence."""
+        return make_plan(opts, Capabilities.of(self.context))
 
     def prompt_ids(self, prompt: str, opts: Options) -> list[int]:
         return self.codec.encode(self.codec.format(prompt, opts.system, opts.chat))
@@ -147,7 +155,7 @@ class Session:
 
     # -- the loop driver -------------------------------------------------------------------------
 
-    def _tokens(self, ids: list[int], opts: Options, detok: Detokenizer,
+    def _tokens(self, ids: list[int], opts: Options, plan: Plan, detok: Detokenizer,
                 stats: Stats) -> Iterator[tuple[str, str]]:
         """Drives a request's decoding loop; yields (text delta, finish reason so far)."""
         if self._holder == threading.get_ident():
@@ -156,17 +164,18 @@ class Session:
         with self._turn:
             self._holder = threading.get_ident()
             try:
-                yield from self._run(ids, opts, detok, stats)
+                yield from self._run(ids, opts, plan, detok, stats)
             finally:
                 self._holder = None
 
-    def _run(self, ids: list[int], opts: Options, detok: Detokenizer, stats: Stats) -> Iterator[tuple[str, str]]:
+    def _run(self, ids: list[int], opts: Options, plan: Plan, detok: Detokenizer,
+             stats: Stats) -> Iterator[tuple[str, str]]:
         max_context = self.bundle.max_context
         check_prompt_fits(len(ids), opts.max_new_tokens, max_context)
         budget = min(opts.max_new_tokens, max_context - len(ids))
         params = SamplingParams(opts.temperature, opts.top_k, opts.top_p)
         t0 = time.perf_counter()
-        loop = decoder(self.context, opts, ids, params, np.random.default_rng(opts.seed), stats)
+        loop = decoder(self.context, plan, ids, params, np.random.default_rng(opts.seed), stats)
         reason = "length"
         try:
             for tokens in loop:
@@ -196,10 +205,11 @@ class TextStream:
 
     def __init__(self, session: Session, prompt_ids: list[int], opts: Options, streaming: bool = True) -> None:
         self.opts = opts
+        self.plan = session.plan(opts)  # refused here, not at the first token
         self.stats = Stats()
         self.finish_reason = "length"
         self._detok = Detokenizer(session.codec, opts.stop, streaming)
-        self._chunks = session._tokens(prompt_ids, opts, self._detok, self.stats)
+        self._chunks = session._tokens(prompt_ids, opts, self.plan, self._detok, self.stats)
 
     def __iter__(self) -> Iterator[str]:
         for chunk, reason in self._chunks:

@@ -15,8 +15,6 @@ from functools import partial
 
 import numpy as np
 
-from .choices import VERIFY_RULES
-from .errors import SpecExportError
 from .sampling import SamplingParams
 from .speculative import verify
 
@@ -46,17 +44,9 @@ def specdec_verify(beta: int, tau: float) -> Callable:
     return partial(verify, rule=judge)
 
 
-def make_verify(rule: str, params: SamplingParams, beta: int | None = None, tau: float | None = None) -> Callable:
-    """The acceptance function for `speculative(..., accept=...)`, from --verify, --beta and --tau."""
-    if rule == "exact":
-        return verify
-    if rule != "specdec":
-        raise SpecExportError(f"unknown verification rule {rule!r}; use one of {', '.join(VERIFY_RULES)}")
-    if not params.greedy:
-        raise SpecExportError("--verify specdec is for greedy decoding only (under sampling it would change the"
-                              " distribution); use --temperature 0 or --verify exact")
-    beta = SPECDEC_BETA if beta is None else beta
-    tau = SPECDEC_TAU if tau is None else tau
-    if beta < 1 or tau < 0:
-        raise SpecExportError(f"--beta must be at least 1 and --tau at least 0 (got {beta} and {tau})")
-    return specdec_verify(beta, tau)
+def make_verify(rule: str, beta: int | None = None, tau: float | None = None) -> Callable:
+    """The acceptance function for `speculative(..., accept=...)`: a plan's rule with its beta and tau
+    (runtime/plan.py checks them and applies the defaults)."""
+    if rule == "specdec":
+        return specdec_verify(SPECDEC_BETA if beta is None else beta, SPECDEC_TAU if tau is None else tau)
+    return verify

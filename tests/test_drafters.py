@@ -228,7 +228,7 @@ def test_tree_refusals(session, tiny_bundles):
 
     with pytest.raises(SpecExportError, match="greedy decoding only"):
         session.generate("hash table", max_new_tokens=4, mode="model", tree="8", temperature=0.7)
-    with pytest.raises(SpecExportError, match="needs --mode model"):
+    with pytest.raises(SpecExportError, match="needs mode model"):
         session.generate("hash table", max_new_tokens=4, mode="self", tree="8")
     deep = session.pieces.deep
     names = deep.input_names
@@ -472,8 +472,8 @@ def run_cli(*args: str):
     return CliRunner().invoke(main, ["generate", *args, "--max-new-tokens", "4"])
 
 
-def assert_one_error(result, *fragments: str) -> None:
-    assert result.exit_code == 1, result.output
+def assert_one_error(result, *fragments: str, code: int = 2) -> None:
+    assert result.exit_code == code, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     for fragment in fragments:
@@ -481,31 +481,32 @@ def assert_one_error(result, *fragments: str) -> None:
 
 
 def test_cli_refusals(tiny_bundles, drafter_bundle):
+    # bad options, alone or together, are usage errors: exit 2 and one sentence (runtime/plan.py)
     plain = str(tiny_bundles("ort", 2, adapter="none"))
-    assert_one_error(run_cli("--bundle", plain, "--drafter", "model", "hi"), "no drafter piece", "--drafter DIR")
+    assert_one_error(run_cli("--bundle", plain, "--mode", "model", "hi"), "no drafter piece", "--drafter DIR")
     assert_one_error(run_cli("--bundle", plain, "--hierarchy", "drafter,self", "hi"), "no drafter or adapter")
     assert_one_error(run_cli("--bundle", plain, "--verify", "specdec", "--temperature", "0.8", "hi"),
                      "greedy decoding only")
-    assert_one_error(run_cli("--bundle", plain, "--verify", "specdec", "--mode", "ar", "hi"), "--mode ar")
-    assert_one_error(run_cli("--bundle", plain, "--drafter", "model", "--mode", "self", "hi"), "different modes")
+    assert_one_error(run_cli("--bundle", plain, "--verify", "specdec", "--mode", "ar", "hi"), "mode ar")
+    assert_one_error(run_cli("--bundle", plain, "--hierarchy", "drafter,self", "--mode", "self", "hi"),
+                     "different modes")
     assert_one_error(run_cli("--bundle", plain, "--hierarchy", "self,drafter", "hi"), "drafter,self")
     assert_one_error(run_cli("--bundle", plain, "--tree", "8", "hi"), "no drafter piece")
     assert_one_error(run_cli("--bundle", str(drafter_bundle("ort")), "--tree", "8", "--schedule", "pearl", "hi"),
-                     "drop --schedule")
+                     "drop schedule")
 
 
-def test_cli_drafter_alias_and_lossy_json(drafter_bundle):
+def test_cli_modes_and_lossy_json(drafter_bundle):
     import json
 
     bundle = str(drafter_bundle("ort"))
     ar = json.loads(run_cli("--bundle", bundle, "--mode", "ar", "--json", "hash table").stdout)
-    for args in (["--drafter", "model"], ["--drafter", "lookup", "--mode", "lookup"], ["--hierarchy", "drafter,self"],
-                 ["--tree", "12"]):
+    for args in (["--mode", "model"], ["--mode", "lookup"], ["--hierarchy", "drafter,self"], ["--tree", "12"]):
         result = run_cli("--bundle", bundle, *args, "--json", "hash table")
         assert result.exit_code == 0, result.output
         out = json.loads(result.stdout)
         assert out["tokens"] == ar["tokens"] and out["lossy"] is False
-    relaxed = json.loads(run_cli("--bundle", bundle, "--drafter", "model", "--verify", "specdec", "--json",
+    relaxed = json.loads(run_cli("--bundle", bundle, "--mode", "model", "--verify", "specdec", "--json",
                                  "hash table").stdout)
     assert relaxed["lossy"] is True and relaxed["stats"]["lossy"] is True
 

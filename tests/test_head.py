@@ -137,7 +137,7 @@ def test_head_piece_passes_parity_at_its_precision(bundles):
 
 def test_a_bundle_without_a_head_refuses_mode_head(tiny_bundles):
     session = load(tiny_bundles(), threads=1)
-    with pytest.raises(SpecExportError, match=r"has no head piece, so --mode head is not available; rebuild"):
+    with pytest.raises(SpecExportError, match=r"has no head piece, so mode head is not available; rebuild"):
         session.generate("hash table", max_new_tokens=4, mode="head")
 
 

@@ -75,6 +75,8 @@ def test_lint_imports_keeps_every_contract():
     # inside the runtime: the decoder's assembly reads a context, never the session that drives it
     ("specexport.runtime.assemble", "specexport.runtime.session", "inside the runtime"),
     ("specexport.runtime.context", "specexport.runtime.assemble", "inside the runtime"),
+    ("specexport.runtime.plan", "specexport.runtime.assemble", "inside the runtime"),
+    ("specexport.runtime.context", "specexport.runtime.plan", "inside the runtime"),
     ("specexport.runtime.backends.cuda_streams", "specexport.runtime.decode", "inside the runtime"),
     ("specexport.runtime.decode", "specexport.runtime.batching.scheduler", "inside the runtime"),
     ("specexport.runtime.batching.request", "specexport.runtime.batching.drafting", "no import cycle"),

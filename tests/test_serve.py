@@ -284,11 +284,11 @@ BAD_REQUESTS = [
     ("/v1/completions", {"prompt": [10 ** 9]}, 400, "prompt", "invalid_value", ["vocabulary"]),
     ("/v1/completions", {"max_tokens": 4}, 400, "prompt", "missing_required", []),
     ("/v1/completions", [1, 2], 400, None, "invalid_request", ["JSON object"]),
-    # the runtime refuses it when the run starts (the bundle has no drafter): still a 400 before any chunk
-    ("/v1/completions", {"prompt": PROMPT, "specexport": {"mode": "model"}}, 400, None, "unsupported_value",
-     ["no drafter"]),
-    ("/v1/completions", {"prompt": PROMPT, "stream": True, "specexport": {"mode": "model"}}, 400, None,
-     "unsupported_value", ["no drafter"]),
+    # the runtime's plan refuses it when the request is read (the bundle has no drafter), naming the field
+    ("/v1/completions", {"prompt": PROMPT, "specexport": {"mode": "model"}}, 400, "specexport.mode",
+     "invalid_value", ["no drafter"]),
+    ("/v1/completions", {"prompt": PROMPT, "stream": True, "specexport": {"mode": "model"}}, 400, "specexport.mode",
+     "invalid_value", ["no drafter"]),
     ("/v1/completions", {"prompt": PROMPT, "model": "gpt-4"}, 404, "model", "model_not_found", ["gpt-4"]),
 ]
 
@@ -339,7 +339,7 @@ def test_failures_leave_the_server_serving(client, server, session, model_name):
     reply = client.completions.create(model=model_name, prompt=PROMPT, max_tokens=MAX_TOKENS)
     assert reply.choices[0].text == session.generate(PROMPT, max_new_tokens=MAX_TOKENS, chat=False).text
     after = server.health()
-    assert after["failed"] == before["failed"] + 1  # the drafter-less mode failed in the runtime; the other never ran
+    assert after["failed"] == before["failed"]  # both were refused when read: neither reached the worker
     assert after["completed"] == before["completed"] + 1 and after["running"] == 0 and after["queued"] == 0
 
 

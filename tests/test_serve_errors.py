@@ -75,12 +75,13 @@ def batching(drafting_bundle) -> Iterator[ThreadServer]:
 
 def test_one_at_a_time_a_bad_request_is_400_and_a_failing_piece_500(one_at_a_time):
     server = one_at_a_time
-    # the tiny bundle has no drafter: the runtime refuses the mode when the run starts
-    assert_error(_post(server, "/v1/completions", {"prompt": PROMPT, "specexport": {"mode": "model"}}), 400, None,
-                 "unsupported_value", "no drafter")
+    # the tiny bundle has no drafter: the runtime's plan refuses the mode when the request is read, before the
+    # worker takes it
+    assert_error(_post(server, "/v1/completions", {"prompt": PROMPT, "specexport": {"mode": "model"}}), 400,
+                 "specexport.mode", "invalid_value", "no drafter")
     assert_fails_mid_generation(server, server.app.state.worker.session.pieces.deep.session)
     health = server.health()
-    assert (health["failed"], health["completed"], health["running"]) == (3, 1, 0), health
+    assert (health["failed"], health["completed"], health["running"]) == (2, 1, 0), health
 
 
 def test_batching_a_bad_request_is_400_and_a_failing_piece_500(batching):

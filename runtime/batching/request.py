@@ -15,6 +15,7 @@ from ..decode import emitted
 from ..drafters import AdapterState, Draft, LookupDrafter
 from ..errors import SpecExportError
 from ..options import Options
+from ..plan import Plan
 from ..policies import ConfidencePolicy
 from ..sampling import SamplingParams
 from ..stats import Stats
@@ -31,8 +32,9 @@ class BatchRequest:
     `finish_reason` ("length", "eos", "cancelled") and `stats` are final once the iteration ends. A failure
     of the pieces ends it with a RunError; the other requests run on."""
 
-    def __init__(self, prompt_ids: list[int], opts: Options, budget: int, eos_ids: set[int]) -> None:
+    def __init__(self, prompt_ids: list[int], opts: Options, budget: int, eos_ids: set[int], plan: Plan) -> None:
         self.prompt_ids, self.opts, self.budget, self.eos_ids = list(prompt_ids), opts, budget, eos_ids
+        self.plan = plan  # the options resolved (runtime/plan.py)
         self.tokens: list[int] = []
         self.finish_reason: str | None = None
         self.stats = Stats(mode=f"batched-{opts.mode}")

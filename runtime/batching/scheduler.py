@@ -34,13 +34,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnxruntime as ort
 
-from ..assemble import MODE_PIECES, PIECE_FIXES
 from ..backends.common import WrappedPiece
 from ..backends.ort import OrtPiece
 from ..bundle import Bundle, load_bundle
+from ..choices import MODES
 from ..drafters import LOOKUP_MAX_TOKENS, AdapterState, LookupDrafter
 from ..errors import RunError, SpecExportError
 from ..options import Limits, OptionError, Options, make_options
+from ..plan import Capabilities, Plan, make_plan
 from ..policies import ConfidencePolicy
 from ..sampling import SamplingParams
 from ..text import TextCodec, check_prompt_fits
@@ -58,7 +59,7 @@ if TYPE_CHECKING:
 
 MODE_SOURCES = {"ar": (), "lookup": ("lookup",), "model": ("model",), "self": ("self",)}  # auto: the bundle's
 SOURCE_PIECES = {"model": "drafter", "self": "adapter"}
-BATCH_MODES = (*MODE_SOURCES, "auto")
+BATCH_MODES = tuple(m for m in MODES if m in MODE_SOURCES or m == "auto")  # in choices.py's order
 ALPHA_PRIOR = 0.5
 
 
@@ -99,6 +100,7 @@ class BatchScheduler:
                                                                                          bundle.manifest.tokenizer)
         self._defaults = dataclasses.asdict(bundle.manifest.generation)
         self._limits = Limits(bundle.max_context, bundle.max_context - 1)
+        self._capabilities = Capabilities.of_bundle(bundle)
 
         def open_piece(name: str) -> BatchedPiece:
             return BatchedPiece(name, bundle.piece_path(name), bundle.pieces[name], bundle.max_context, max_batch,
@@ -130,29 +132,32 @@ class BatchScheduler:
     # -- the caller's side ---------------------------------------------------------------------------
 
     def options(self, **overrides) -> Options:
-        """The bundle's defaults with `overrides`, checked as Session's are, for a mode that batches."""
+        """The bundle's defaults with `overrides`, checked and planned as Session's are (runtime/plan.py), for
+        a plan that batches; anything else raises OptionError, one sentence."""
         opts = make_options(self._defaults, overrides, self._limits)
-        if opts.mode not in BATCH_MODES:
-            raise OptionError(f"mode {opts.mode!r} screens the drafter's drafts with the adapter, which the batched"
-                              f" scheduler does not do; use one of {', '.join(BATCH_MODES)}")
-        missing = [p for p in MODE_PIECES.get(opts.mode, ()) if p not in self.bundle.pieces]
-        if missing:
-            raise OptionError(f"bundle {self.bundle.root} has no {missing[0]} piece, so mode {opts.mode} is not"
-                              f" available; rebuild it with {PIECE_FIXES[missing[0]]}, or use mode auto (it uses"
-                              " what the bundle has)")
-        if opts.tree or opts.schedule != "sequential" or opts.verify != "exact" or opts.policy:
+        self.plan(opts)
+        return opts
+
+    def plan(self, opts: Options) -> Plan:
+        """Session's plan for `opts` (the same refusals, in the same words), when the batched steps can run it."""
+        plan = make_plan(opts, self._capabilities, self.max_draft)
+        if plan.mode not in BATCH_MODES:
+            raise OptionError(f"mode {plan.mode} does not run batched (the batched scheduler drafts with prompt"
+                              f" lookup, the drafter piece and the adapter alone); use one of {', '.join(BATCH_MODES)}")
+        if plan.tree is not None or plan.schedule != "sequential" or plan.lossy or opts.policy:
             raise OptionError("the batched scheduler verifies exactly and picks each step's draft length itself;"
                               " drop tree, schedule, verify and policy")
-        return opts
+        return plan
 
     def submit(self, prompt_ids: list[int], **options) -> BatchRequest:
         """Queues a request (token ids, e.g. `session.prompt_ids(text, opts)`); iterate the returned
         BatchRequest for its tokens. Bad options or a prompt that does not fit raise at once."""
-        opts = self.options(**options)
+        opts = make_options(self._defaults, options, self._limits)
+        plan = self.plan(opts)
         max_context = self.bundle.max_context
         check_prompt_fits(len(prompt_ids), opts.max_new_tokens, max_context)
         request = BatchRequest(prompt_ids, opts, min(opts.max_new_tokens, max_context - len(prompt_ids)),
-                               self.codec.eos_ids)
+                               self.codec.eos_ids, plan)
         with self._wake:
             if self._closed:
                 raise SpecExportError("this BatchScheduler is closed; open another to submit requests")
@@ -221,18 +226,16 @@ class BatchScheduler:
         return joining
 
     def _row(self, request: BatchRequest, slot: int) -> Row:
-        opts, spec = request.opts, self.bundle.manifest.speculative
-        sources = self.sources if opts.mode == "auto" else MODE_SOURCES[opts.mode]
-        gamma = opts.gamma if opts.gamma is not None else spec.gamma
-        eta = opts.eta if opts.eta is not None else spec.eta
-        # lookup's drafts cost nothing, so it takes its own cap, not the bundle's gamma (an explicit gamma wins)
-        lookup = (LookupDrafter(self.bundle.manifest.model.dims.vocab, self.bundle.max_context,
-                                opts.gamma or self.max_draft) if "lookup" in sources else None)
-        if opts.mode == "auto":
+        opts, plan = request.opts, request.plan
+        sources = self.sources if plan.mode == "auto" else MODE_SOURCES[plan.mode]
+        lookup = (LookupDrafter(self.bundle.manifest.model.dims.vocab, self.bundle.max_context, plan.lookup_tokens)
+                  if "lookup" in sources else None)
+        if plan.mode == "auto":
             request.stats.extra["auto_steps"] = dict.fromkeys(["ar", *sources], 0)
         return Row(request, slot, list(request.prompt_ids), SamplingParams(opts.temperature, opts.top_k, opts.top_p),
                    np.random.default_rng(opts.seed), {s: self._alpha[s] for s in sources}, lookup,
-                   DrafterCache() if "model" in sources else None, gamma=gamma, policy=ConfidencePolicy(gamma, eta))
+                   DrafterCache() if "model" in sources else None, gamma=plan.gamma,
+                   policy=ConfidencePolicy(plan.gamma, plan.eta))
 
     def _run(self, call, rows: list[Row]) -> None:
         """Runs a prefill or a step; a failure ends the requests it was for, and the loop goes on."""
