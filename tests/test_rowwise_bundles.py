@@ -140,3 +140,36 @@ def test_inspect_and_doctor_report_it(rowwise_bundle, monkeypatch):
     assert "cannot load here: specexport was installed without" in render(inspect_bundle(rowwise_bundle("fp32")))
     missing = probe_attention_op()
     assert missing.verdict == "warning" and "--attention rowwise will not load" in missing.why
+
+
+def test_choices_the_operator_cannot_honour_are_refused(monkeypatch):
+    from specexport.exporter import row_attention
+
+    row_attention.check_choice("gqa", "standard", "fp16", "float")  # today's graphs: nothing to check
+    for args, words in [(("flash", "ort", "fp32", "float"), "unknown attention 'flash'"),
+                        (("rowwise", "ort", "fp16", "float"), "computes in fp32"),
+                        (("rowwise", "ort", "int4", "int8"), "kv_cache = 'int8'")]:
+        with pytest.raises(SpecExportError, match=words):
+            row_attention.check_choice(*args)
+    monkeypatch.setattr(attention_op, "load_error", lambda: "specexport was installed without its attention operator")
+    with pytest.raises(SpecExportError, match="needs the operator to check the pieces, but specexport was installed"):
+        row_attention.check_choice("rowwise", "ort", "fp32", "float")
+
+
+def test_the_rewrite_keeps_inputs_and_refuses_what_it_cannot_run():
+    from onnx import helper
+    from specexport.exporter import row_attention
+
+    inputs = ["qkv", "", "", "pk", "pv", "seqlens_k", "total", "cos", "sin", "pos", "bias"]
+    node = helper.make_node("GroupQueryAttention", inputs, ["o", "k", "v"], domain="com.microsoft", num_heads=4,
+                            kv_num_heads=2, do_rotary=1, rotary_interleaved=0, scale=0.25)
+    model = helper.make_model(helper.make_graph([node], "g", [], []))
+    assert row_attention.use_rowwise(model) == 1
+    out = model.graph.node[0]
+    assert (out.op_type, out.domain, list(out.input)) == (attention_op.OP_TYPE, attention_op.DOMAIN, inputs)
+    assert {a.name for a in out.attribute} == {"num_heads", "kv_num_heads", "do_rotary", "scale"}
+    assert any(o.domain == attention_op.DOMAIN for o in model.opset_import)
+    quantized = helper.make_node("GroupQueryAttention", [*inputs, "", "ks", "vs"], ["o", "k", "v"],
+                                 domain="com.microsoft", num_heads=4, kv_num_heads=2, k_quant_type="PER_CHANNEL")
+    with pytest.raises(SpecExportError, match="build with --attention gqa"):
+        row_attention.use_rowwise(helper.make_model(helper.make_graph([quantized], "g", [], [])))
