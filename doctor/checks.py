@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 from ..runtime.errors import SpecExportError
 
 if TYPE_CHECKING:
-    from ..runtime.decode import Pieces
     from ..runtime.session import Generation, Session
 
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
@@ -110,19 +109,15 @@ class Runner:
 
 # -- what a bundle can run ---------------------------------------------------------------------------
 
-def mode_blockers(pieces: Pieces) -> dict[str, str]:
-    """Modes this session's pieces cannot run -> why (a bundle without an adapter has no `self`, ...)."""
-    from ..runtime.tree import trees_supported
-
+def mode_blockers(session: Session) -> dict[str, str]:
+    """Checked modes this session cannot run -> why, in the runtime's own sentence (its plan refuses them:
+    runtime/plan.py), such as `self` on a bundle without an adapter."""
     out = {}
-    if pieces.adapter is None:
-        out["self"] = "the bundle has no adapter piece"
-    if pieces.drafter is None:
-        out["model"] = out["tree"] = "the bundle has no drafter piece"
-    elif not trees_supported(pieces):
-        out["tree"] = "the bundle's pieces predate token trees (no attention_bias input)"
-    if pieces.adapter is None and pieces.drafter is None:
-        out["pearl"] = "PEARL needs an adapter or a drafter piece"
+    for name, settings in MODE_SETTINGS.items():
+        try:
+            session.options(**settings)
+        except SpecExportError as exc:
+            out[name] = str(exc)
     return out
 
 

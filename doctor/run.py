@@ -106,7 +106,7 @@ def subject_checks(runner: Runner, subject: str, bundle: Path, paths: dict[str, 
     modes = list(MODES)
     reference: list[list[int]] | None = None
     if cpu is not None:
-        blocked = mode_blockers(cpu.pieces)
+        blocked = mode_blockers(cpu)
         info["modes_not_applicable"] = blocked
         modes = [m for m in MODES if m not in blocked]
 
