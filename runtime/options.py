@@ -1,4 +1,6 @@
-"""A request's options, checked where they enter: `Session.options` (the Python API) and the CLI alike.
+"""A request's options, checked where they enter: `Session.options` (the Python API) and the CLI alike. Each
+option is checked alone here (its type and range, and the bundle's limits); runtime/plan.py checks them
+together and against what the bundle can run, and resolves them into the plan the decoder is built from.
 
 Every problem is one sentence naming the option, raised as `OptionError`, which the CLI turns into exit 2
 (a usage error, as click's own are) instead of the 1 of a failed run."""
@@ -21,7 +23,7 @@ class OptionError(SpecExportError):
 @dataclass
 class Options:
     max_new_tokens: int = 128
-    mode: str = "auto"  # ar | self | model | lookup | hier | auto (runtime/assemble.py)
+    mode: str = "auto"  # one of choices.MODES (runtime/assemble.py's table says who drafts)
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
