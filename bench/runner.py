@@ -195,9 +195,12 @@ def check_config(cfg: BenchConfig) -> None:
     unknown = [b for b in cfg.baselines if b not in BASELINES]
     if unknown:
         raise SpecExportError(f"unknown baseline {unknown[0]!r}; use any of {', '.join(BASELINES)} (or none)")
-    from ..runtime.choices import SCHEDULES
+    from ..runtime.choices import MODES, SCHEDULES
     from ..runtime.policies import CostModel, make_policy
 
+    unknown = [m for m in cfg.modes or [] if m not in MODES]
+    if unknown:
+        raise SpecExportError(f"unknown mode {unknown[0]!r}; use any of {', '.join(MODES)}")
     for schedule in cfg.schedules or []:
         if schedule not in SCHEDULES:
             raise SpecExportError(f"unknown schedule {schedule!r}; use any of {', '.join(SCHEDULES)}")

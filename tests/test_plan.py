@@ -201,3 +201,12 @@ def test_drafter_is_builds_alone(bundles):
     assert old.returncode == 0, old.stderr
     warnings = [line for line in old.stderr.splitlines() if line.startswith("warning: ")]
     assert warnings == ["warning: generate's --drafter lookup is deprecated; use --mode lookup"], old.stderr
+
+
+def test_the_bench_takes_the_modes_of_the_one_list():
+    from specexport.bench.runner import BenchConfig, check_config
+    from specexport.runtime.errors import SpecExportError
+
+    check_config(BenchConfig(bundle=Path("b"), modes=list(MODES), baselines=[]))
+    with pytest.raises(SpecExportError, match="unknown mode 'fast'; use any of ar, self"):
+        check_config(BenchConfig(bundle=Path("b"), modes=["self", "fast"], baselines=[]))
