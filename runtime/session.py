@@ -49,6 +49,11 @@ def _open_pieces(bundle: Bundle, backend: str, providers: list[str] | None,
         if attention == "rowwise" and attention_op.load_error() is not None:
             raise SpecExportError(f"bundle {bundle.root}'s pieces use specexport's row-invariant attention operator,"
                                   f" but {attention_op.load_error()}")
+        gpu = [p for p in providers or [] if p != "CPUExecutionProvider"]
+        if attention == "rowwise" and gpu:
+            raise SpecExportError(f"bundle {bundle.root}'s attention is specexport's CPU operator, which {gpu[0]}"
+                                  " would run on the host with the caches copied on every call; rebuild the bundle"
+                                  " with --attention gqa for a GPU provider")
 
         def open_piece(name: str) -> OrtPiece:
             # a dict gives each piece its own count (PEARL runs the drafter and `deep` side by side)

@@ -216,3 +216,8 @@ def test_families_with_the_operator(tmp_path, arch):
         np.testing.assert_array_equal(hidden[0, i], chain_hidden[0, -1], err_msg=f"shallow, tree row {i}")
         want = pieces.deep.run(chain_hidden, pos, keep=len(path))["logits"][0, -1]
         np.testing.assert_array_equal(got[i], want, err_msg=f"deep, tree row {i}")
+
+
+def test_a_gpu_provider_is_refused(rowwise_bundle):
+    with pytest.raises(SpecExportError, match=r"CUDAExecutionProvider would run on the host.*--attention gqa"):
+        load(rowwise_bundle("fp32"), providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
