@@ -51,17 +51,15 @@ def decoder(ctx: DecodeContext, plan: Plan, ids: list[int], params: SamplingPara
     """The tokens of one request, a list per step, from the loop its plan asks for (runtime/plan.py has
     checked it against the bundle: nothing here refuses)."""
     pieces, context = ctx.pieces, ctx.max_context
+    stats.mode, stats.lossy = plan.label, plan.lossy
     if plan.mode == "ar":
         return autoregressive(pieces, ids, params, rng, stats)
     if plan.tree is not None:
         grower = HeadTreeDrafter if plan.mode == "head" else TreeDrafter
-        stats.mode = plan.label
         return speculative(pieces, grower(pieces, plan.tree, context), draft_policy(ctx, plan), ids, params, rng,
                            stats, context)
     if plan.schedule == "pearl":  # the drafter on a thread of its own beside the target (pearl.py)
         return pearl_loop(pieces, plan.mode, lambda: draft_policy(ctx, plan), ids, params, rng, stats, context)
-    stats.mode = plan.label
-    stats.lossy = plan.lossy
     return speculative(pieces, DRAFTERS[plan.mode](ctx, plan, stats), draft_policy(ctx, plan), ids, params, rng,
                        stats, context, accept=make_verify(plan.verify, plan.beta, plan.tau))
 

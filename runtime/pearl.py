@@ -374,5 +374,4 @@ def pearl_loop(pieces: Pieces, mode: str, make_policy: Callable[[], DraftPolicy]
     check_thread_pools(pieces)
     policy = make_policy()
     stepper = SelfStepper(pieces) if mode == "self" else ModelStepper(pieces)
-    stats.mode = f"{mode}, pearl"
     return pearl(pieces, stepper, policy, prompt, params, rng, stats, max_context)

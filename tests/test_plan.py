@@ -191,7 +191,7 @@ def test_what_batching_cannot_run_is_its_own_sentence(runners):
     assert request.plan.lookup_tokens == 2 and len(request.result()) == 3
 
 
-def test_drafter_is_builds_alone(bundles):
+def test_generate_takes_the_mode_as_mode_alone(bundles):
     """`--drafter` is a drafter's directory in `build`; `generate` takes the mode as --mode (the old alias is
     hidden and says so in one line)."""
     helped = cli("generate", "--help")
