@@ -12,10 +12,12 @@ import ctypes
 import functools
 import importlib.machinery
 from pathlib import Path
-
-import onnxruntime as ort
+from typing import TYPE_CHECKING
 
 from .errors import SpecExportError
+
+if TYPE_CHECKING:  # the module itself loads no runtime: `specexport bench --help` and the CLI stay light
+    import onnxruntime as ort
 
 DOMAIN = "specexport"
 OP_TYPE = "RowInvariantAttention"
