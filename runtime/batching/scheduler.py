@@ -50,7 +50,7 @@ from .drafting import DraftHead, draft_with_adapter, draft_with_drafter
 from .goodput import BatchCost, DraftCost, plan
 from .order import AdmissionQueue
 from .request import BatchRequest, Row
-from .rows import BatchedPiece, check_batchable
+from .rows import BatchedPiece, check_batchable, pads_one_row_calls
 from .step import BatchPieces, prefill, step
 from .text import BatchTextStream
 
@@ -93,8 +93,9 @@ class BatchScheduler:
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise OptionError(f"max_batch must be a positive integer, not {max_batch!r}")
         bundle: Bundle = load_bundle(source) if isinstance(source, (str, Path)) else source.bundle
+        attention = bundle.manifest.graph.attention
         for name in bundle.pieces:
-            check_batchable(name, bundle.pieces[name], bundle.root)
+            check_batchable(name, bundle.pieces[name], bundle.root, attention)
         self.bundle, self.max_batch, self.max_draft = bundle, max_batch, max_draft
         self.codec = source.codec if not isinstance(source, (str, Path)) else TextCodec(bundle.root,
                                                                                          bundle.manifest.tokenizer)
@@ -104,7 +105,7 @@ class BatchScheduler:
 
         def open_piece(name: str) -> BatchedPiece:
             return BatchedPiece(name, bundle.piece_path(name), bundle.pieces[name], bundle.max_context, max_batch,
-                                threads, opened_session(source, name))
+                                threads, opened_session(source, name), attention)
 
         def open_head(name: str) -> DraftHead | None:
             if name not in bundle.pieces:
@@ -113,6 +114,8 @@ class BatchScheduler:
 
         self.pieces = BatchPieces(open_piece("shallow"), open_piece("deep"), open_head("adapter"),
                                   open_head("drafter"))
+        pad = pads_one_row_calls(source, bundle, self.pieces.shallow, self.pieces.deep)
+        self.pieces.shallow.pad_one_row = self.pieces.deep.pad_one_row = pad
         self.sources = ("lookup", *(s for s, piece in SOURCE_PIECES.items() if piece in bundle.pieces))
         self.cost = self._measure_cost(cost)
         self._tau = dict.fromkeys(BATCH_MODES, 1.0)  # tokens per step lately, by mode: the admission order's guess

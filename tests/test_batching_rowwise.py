@@ -1,0 +1,131 @@
+"""The batch scheduler on `ort` bundles built with --attention rowwise (the row-invariant attention operator), at
+fp32, int8 and int4: concurrent requests in every batched mode, rows joining mid-way and prompts of different
+lengths, each get exactly their AR tokens; a call of one row pads as the Session does; a scheduler opened from a
+path registers the operator and probes as a Session would; `serve --batch 4` gives four clients AR's text."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from specexport.runtime import SpecExportError, attention_op, load
+from specexport.runtime.batching import BatchScheduler
+
+from .test_rowwise_bundles import rowwise_bundle  # noqa: F401  (the tiny rowwise bundles, built once here)
+
+pytestmark = pytest.mark.skipif(not attention_op.available(), reason="the attention operator is not built")
+
+# prompts of different lengths, and each a different number of new tokens: rows leave and join at different steps
+JOBS = [("hash table", "ar", 20), ("the quick brown fox jumps over the lazy dog", "lookup", 28),
+        ("write a haiku about the sea", "model", 24), ("a hash table maps keys to values", "self", 30),
+        ("the quick brown fox", "auto", 18), ("write a haiku about the sea", "lookup", 12)]
+
+
+def ar_tokens(session, prompt: str, n: int) -> list[int]:
+    return session.generate(prompt, mode="ar", max_new_tokens=n).tokens
+
+
+def tokens_of(request) -> list[int]:
+    return [t for step in request for t in step]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8", "int4"])
+def test_concurrent_rows_are_ar(rowwise_bundle, precision):  # noqa: F811
+    session = load(rowwise_bundle(precision))
+    want = [ar_tokens(session, prompt, n) for prompt, _, n in JOBS]
+    opts = session.options()
+    with BatchScheduler(session, max_batch=3) as scheduler:
+        requests = [scheduler.submit(session.prompt_ids(p, opts), mode=m, max_new_tokens=n) for p, m, n in JOBS[:2]]
+        first = next(iter(requests[0]))  # the first two are running: the rest join mid-way
+        got = [first + tokens_of(requests[0]), tokens_of(requests[1])]
+        requests = [scheduler.submit(session.prompt_ids(p, opts), mode=m, max_new_tokens=n) for p, m, n in JOBS[2:]]
+        got += [tokens_of(r) for r in requests]
+        counts = scheduler.counts
+    for (prompt, mode, _), tokens, ar in zip(JOBS, got, want, strict=True):
+        assert tokens == ar, (precision, prompt, mode)
+    assert counts.max_rows == 3 and counts.steps < counts.row_steps, counts  # the rows were verified together
+    assert scheduler.pieces.deep.pad_one_row == (session.one_row_calls == "session")
+
+
+def test_one_row_calls_pad_as_the_session_does(rowwise_bundle):  # noqa: F811
+    """The rule, checked on this machine: a row of a call of several rows rounds as a one-row call padded to two
+    tokens; where the Session pads, the batched piece pads a call of one row and one token, and only that."""
+    session = load(rowwise_bundle("int4"))
+    scheduler = BatchScheduler(session, max_batch=2)
+    try:
+        shallow, deep = scheduler.pieces.shallow, scheduler.pieces.deep
+        ids = session.prompt_ids("the quick brown fox jumps over the lazy dog", session.options())
+        prompt = np.asarray([ids[:-1]] * 2, dtype=np.int64)
+        last = np.asarray([[ids[-1]], [ids[3]]], dtype=np.int64)  # two different next tokens, one per row
+        at = [prompt.shape[1]] * 2
+
+        def row_zero(rows: list[int], pad: bool) -> np.ndarray:
+            shallow.pad_one_row = deep.pad_one_row = pad
+            deep.run(shallow.run(prompt[:len(rows)], rows, [0] * len(rows))["hidden"], rows, [0] * len(rows))
+            hidden = shallow.run(last[:len(rows)], rows, at[:len(rows)])["hidden"]
+            return deep.run(hidden, rows, at[:len(rows)])["logits"][0].copy()
+
+        both = row_zero([0, 1], pad=False)
+        np.testing.assert_array_equal(row_zero([0, 1], pad=True), both)  # two rows: nothing is padded
+        np.testing.assert_array_equal(row_zero([0], pad=True), both)  # one row padded: a row of many
+        if session.one_row_calls == "session":  # this CPU's one-row MatMul rounds otherwise: the reason to pad
+            assert not np.array_equal(row_zero([0], pad=False), both)
+    finally:
+        scheduler.close()
+
+
+def test_a_scheduler_from_a_path_registers_the_operator_and_probes(rowwise_bundle):  # noqa: F811
+    root = rowwise_bundle("int4")
+    session = load(root)
+    prompt, n = "write a haiku about the sea", 20
+    want = ar_tokens(session, prompt, n)
+    with BatchScheduler(root, max_batch=2) as scheduler:
+        assert scheduler.pieces.deep.pad_one_row == (session.one_row_calls == "session")
+        ids = session.prompt_ids(prompt, session.options())
+        requests = [scheduler.submit(ids, mode=mode, max_new_tokens=n) for mode in ("ar", "model")]
+        assert [tokens_of(r) for r in requests] == [want, want]
+
+
+def test_gqa_bundles_are_refused_in_one_sentence(tiny_bundles):
+    with pytest.raises(SpecExportError, match=r"GroupQueryAttention.*--attention rowwise.*--flavour standard") as err:
+        BatchScheduler(tiny_bundles("ort"), max_batch=2)
+    assert ". " not in str(err.value)
+
+
+def test_serve_batch_4_on_int4_gives_four_clients_ar_text(rowwise_bundle):  # noqa: F811
+    pytest.importorskip("starlette", reason="the serve extra installs starlette and uvicorn")
+    pytest.importorskip("uvicorn", reason="the serve extra installs starlette and uvicorn")
+    openai = pytest.importorskip("openai", reason="the dev extra installs the openai client")
+    from specexport.serve import create_app
+
+    from .test_serve import ThreadServer
+
+    session = load(rowwise_bundle("int4"))
+    jobs = [("explain how a hash table works", "lookup", 24), ("write a haiku about the sea", "self", 20),
+            ("a hash table maps keys to values", "model", 28), ("the quick brown fox", "ar", 16)]
+    want = [session.generate(p, mode="ar", max_new_tokens=n) for p, _, n in jobs]
+    server = ThreadServer(create_app(session, batch=4))
+    try:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
+        name = server.app.state.model.name
+        replies = [None] * len(jobs)
+
+        def ask(j: int) -> None:
+            prompt, mode, n = jobs[j]
+            replies[j] = client.chat.completions.create(
+                model=name, messages=[{"role": "user", "content": prompt}], max_tokens=n,
+                extra_body={"specexport": {"mode": mode, "return_token_ids": True}})
+
+        threads = [threading.Thread(target=ask, args=(j,)) for j in range(len(jobs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for job, reply, ar in zip(jobs, replies, want, strict=True):
+            assert reply.model_extra["specexport"]["token_ids"] == ar.tokens, job
+            assert reply.choices[0].message.content == ar.text, job
+        counts = server.app.state.worker.scheduler.counts
+        assert counts.max_rows >= 2 and counts.steps < counts.row_steps, counts
+    finally:
+        server.stop()
