@@ -29,8 +29,9 @@ def register(main: click.Group) -> None:
     @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
                   default="info", show_default=True)
     @click.option("--batch", type=click.IntRange(1), default=None, metavar="N",
-                  help="Decode up to N requests at once, verified together (a bundle built with --flavour standard;"
-                  " modes ar, lookup, model, self and auto, without token trees). Default: one at a time.")
+                  help="Decode up to N requests at once, verified together (a bundle built with --attention rowwise"
+                  " or --flavour standard; modes ar, lookup, model, self and auto, without token trees)."
+                  " Default: one at a time.")
     @click.option("--ray", "use_ray", is_flag=True, help="Serve through Ray Serve: replicas (each with its own"
                   " Session) behind Ray's HTTP proxy on --host/--port (the ray extra).")
     @click.option("--replicas", type=click.IntRange(1), default=1, show_default=True,
