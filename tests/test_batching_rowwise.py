@@ -52,13 +52,13 @@ def test_one_row_calls_pad_as_the_session_does(rowwise_bundle):  # noqa: F811
     """The rule, checked on this machine: a row of a call of several rows rounds as a one-row call padded to two
     tokens; where the Session pads, the batched piece pads a call of one row and one token, and only that."""
     session = load(rowwise_bundle("int4"))
-    scheduler = BatchScheduler(session, max_batch=2)
+    scheduler = BatchScheduler(session, max_batch=3)
     try:
         shallow, deep = scheduler.pieces.shallow, scheduler.pieces.deep
         ids = session.prompt_ids("the quick brown fox jumps over the lazy dog", session.options())
-        prompt = np.asarray([ids[:-1]] * 2, dtype=np.int64)
-        last = np.asarray([[ids[-1]], [ids[3]]], dtype=np.int64)  # two different next tokens, one per row
-        at = [prompt.shape[1]] * 2
+        prompt = np.asarray([ids[:-1]] * 3, dtype=np.int64)
+        last = np.asarray([[ids[-1]], [ids[3]], [ids[5]]], dtype=np.int64)  # a different next token per row
+        at = [prompt.shape[1]] * 3
 
         def row_zero(rows: list[int], pad: bool) -> np.ndarray:
             shallow.pad_one_row = deep.pad_one_row = pad
@@ -68,11 +68,41 @@ def test_one_row_calls_pad_as_the_session_does(rowwise_bundle):  # noqa: F811
 
         both = row_zero([0, 1], pad=False)
         np.testing.assert_array_equal(row_zero([0, 1], pad=True), both)  # two rows: nothing is padded
+        np.testing.assert_array_equal(row_zero([0, 2, 1], pad=False), both)  # three rows, a gathered copy
         np.testing.assert_array_equal(row_zero([0], pad=True), both)  # one row padded: a row of many
         if session.one_row_calls == "session":  # this CPU's one-row MatMul rounds otherwise: the reason to pad
             assert not np.array_equal(row_zero([0], pad=False), both)
     finally:
         scheduler.close()
+
+
+def test_a_lone_row_keeps_the_caches_of_a_verification_call(rowwise_bundle):  # noqa: F811
+    """End to end at int4: a request decoded alone (every call one row and one token) leaves in its cache row the
+    very keys and values one call over its whole history writes (a row of many, as verification's); unpadded,
+    on a CPU where the Session pads, they differ."""
+    session = load(rowwise_bundle("int4"))
+    ids = session.prompt_ids("the quick brown fox", session.options())
+    with BatchScheduler(session, max_batch=2) as scheduler:
+        p = scheduler.pieces
+
+        def caches_after_ar(pad: bool) -> list[np.ndarray]:
+            p.shallow.pad_one_row = p.deep.pad_one_row = pad
+            pools = [pool for piece in (p.shallow, p.deep) for pool in piece.caches.values()]
+            for pool in pools:
+                pool[:] = 0
+            history = ids + tokens_of(scheduler.submit(ids, mode="ar", max_new_tokens=16))
+            lone = int(pools[0][1].any())  # the row the request took; the other gets the whole history at once
+            written = len(history) - 1  # the last token is never fed
+            whole = np.asarray([history[:written]], dtype=np.int64)
+            p.deep.run(p.shallow.run(whole, [1 - lone], [0])["hidden"], [1 - lone], [0])
+            return [pool[row, :, :written].copy() for pool in pools for row in (lone, 1 - lone)]
+
+        padded = caches_after_ar(session.one_row_calls == "session")
+        for lone, whole in zip(padded[::2], padded[1::2], strict=True):
+            np.testing.assert_array_equal(lone, whole)
+        if session.one_row_calls == "session":
+            unpadded = caches_after_ar(False)
+            assert any(not np.array_equal(a, b) for a, b in zip(unpadded[::2], unpadded[1::2], strict=True))
 
 
 def test_a_scheduler_from_a_path_registers_the_operator_and_probes(rowwise_bundle):  # noqa: F811
@@ -85,6 +115,15 @@ def test_a_scheduler_from_a_path_registers_the_operator_and_probes(rowwise_bundl
         ids = session.prompt_ids(prompt, session.options())
         requests = [scheduler.submit(ids, mode=mode, max_new_tokens=n) for mode in ("ar", "model")]
         assert [tokens_of(r) for r in requests] == [want, want]
+
+
+def test_a_path_without_the_operator_is_refused_in_one_sentence(rowwise_bundle, monkeypatch):  # noqa: F811
+    root = rowwise_bundle("fp32")  # built while the operator loads
+    missing = f"specexport was installed without its attention operator; {attention_op.HOW_TO_BUILD}"
+    monkeypatch.setattr(attention_op, "load_error", lambda: missing)
+    with pytest.raises(SpecExportError, match="row-invariant attention operator, but specexport was installed") as err:
+        BatchScheduler(root, max_batch=2)
+    assert ". " not in str(err.value)
 
 
 def test_gqa_bundles_are_refused_in_one_sentence(tiny_bundles):
