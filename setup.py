@@ -46,6 +46,7 @@ def fetch_headers(cache: Path) -> Path:
         if not (Path(given) / "onnxruntime_c_api.h").is_file():
             raise HeadersMissing(f"SPECEXPORT_ORT_HEADERS={given} holds no onnxruntime_c_api.h")
         return Path(given)
+    cache = cache.resolve()  # apt-get download runs in a subdirectory: relative option paths would miss
     include = cache / "root" / "usr" / "include" / "onnxruntime"
     if (include / "onnxruntime_c_api.h").is_file():
         return include

@@ -58,3 +58,27 @@ def test_onnx_runtime_registers_it():
     opts = ort.SessionOptions()
     attention_op.register(opts)  # raises where ONNX Runtime cannot load it
     assert attention_op.isa() in ("avx512", "avx2", "portable")
+
+
+def test_the_header_fetch_gives_apt_absolute_paths(tmp_path, monkeypatch):
+    # setuptools hands the build a relative build/ directory, and `apt-get download` runs in a subdirectory of
+    # it: a relative list or cache path there points at nothing, and a fresh clone's set-up fails
+    namespace: dict = {}
+    exec(compile((REPO / "setup.py").read_text().split("class BuildNative")[0], "setup.py", "exec"), namespace)
+    calls = []
+
+    def record(cmd, **kwargs):
+        calls.append(cmd)
+        raise namespace["subprocess"].CalledProcessError(1, cmd, stderr=b"stopped by the test")
+
+    monkeypatch.setattr(namespace["subprocess"], "run", record)
+    monkeypatch.setattr(namespace["shutil"], "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setitem(namespace, "KEYRING", str(REPO / "setup.py"))  # any file that exists
+    monkeypatch.delenv("SPECEXPORT_ORT_HEADERS", raising=False)
+    monkeypatch.chdir(tmp_path)
+    try:
+        namespace["fetch_headers"](Path("build") / "onnxruntime-headers")
+    except namespace["HeadersMissing"]:
+        pass
+    paths = [arg.split("=", 1)[1] for arg in calls[0] if arg.startswith("-oDir::")]
+    assert paths and all(Path(p).is_absolute() for p in paths if p != "/dev/null"), calls[0]
