@@ -5,8 +5,6 @@ path registers the operator and probes as a Session would; `serve --batch 4` giv
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 from specexport.runtime import SpecExportError, attention_op, load
@@ -139,6 +137,7 @@ def test_serve_batch_4_on_int4_gives_four_clients_ar_text(rowwise_bundle):  # no
     from specexport.serve import create_app
 
     from .test_serve import ThreadServer
+    from .test_serve_batch import chat_concurrently
 
     session = load(rowwise_bundle("int4"))
     jobs = [("explain how a hash table works", "lookup", 24), ("write a haiku about the sea", "self", 20),
@@ -147,20 +146,7 @@ def test_serve_batch_4_on_int4_gives_four_clients_ar_text(rowwise_bundle):  # no
     server = ThreadServer(create_app(session, batch=4))
     try:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
-        name = server.app.state.model.name
-        replies = [None] * len(jobs)
-
-        def ask(j: int) -> None:
-            prompt, mode, n = jobs[j]
-            replies[j] = client.chat.completions.create(
-                model=name, messages=[{"role": "user", "content": prompt}], max_tokens=n,
-                extra_body={"specexport": {"mode": mode, "return_token_ids": True}})
-
-        threads = [threading.Thread(target=ask, args=(j,)) for j in range(len(jobs))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        replies = chat_concurrently(client, server.app.state.model.name, jobs)
         for job, reply, ar in zip(jobs, replies, want, strict=True):
             assert reply.model_extra["specexport"]["token_ids"] == ar.tokens, job
             assert reply.choices[0].message.content == ar.text, job

@@ -20,6 +20,25 @@ from .test_serve import ThreadServer  # noqa: E402
 PROMPTS = ["explain how a hash table works", "write a haiku about the sea", "a hash table maps keys to values"]
 
 
+def chat_concurrently(client, name: str, jobs: list[tuple[str, str, int]]) -> list:
+    """Each (prompt, mode, max_tokens) job as a chat request from a thread of its own, all at once; the replies
+    in the jobs' order, each with the token ids it generated."""
+    replies = [None] * len(jobs)
+
+    def ask(j: int) -> None:
+        prompt, mode, n = jobs[j]
+        replies[j] = client.chat.completions.create(
+            model=name, messages=[{"role": "user", "content": prompt}], max_tokens=n,
+            extra_body={"specexport": {"mode": mode, "return_token_ids": True}})
+
+    threads = [threading.Thread(target=ask, args=(j,)) for j in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return replies
+
+
 @pytest.fixture(scope="module")
 def session(drafting_bundle):
     return load(drafting_bundle)
@@ -29,22 +48,10 @@ def test_concurrent_requests_are_batched_and_each_is_ar(session):
     server = ThreadServer(create_app(session, batch=2))
     try:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
-        name = server.app.state.model.name
         jobs = [(p, mode, n) for p, n in zip(PROMPTS, (24, 17, 30), strict=True)
                 for mode in ("ar", "lookup", "model", "self", "auto")]
-        replies = [None] * len(jobs)
-
-        def ask(j: int) -> None:
-            prompt, mode, n = jobs[j]
-            replies[j] = client.chat.completions.create(
-                model=name, messages=[{"role": "user", "content": prompt}], max_tokens=n,
-                extra_body={"specexport": {"mode": mode, "return_token_ids": True}})
-
-        threads = [threading.Thread(target=ask, args=(j,)) for j in range(len(jobs))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        name = server.app.state.model.name
+        replies = chat_concurrently(client, name, jobs)
         for (prompt, mode, n), reply in zip(jobs, replies, strict=True):
             ar = session.generate(prompt, mode="ar", max_new_tokens=n)
             assert reply.model_extra["specexport"]["token_ids"] == ar.tokens, (prompt, mode)
