@@ -7,6 +7,7 @@ import hashlib
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 # the tiny random Llama and its noisy drafter are `specexport doctor`'s too: one definition, in the package
@@ -223,3 +224,13 @@ def fake_genai_library(tmp_path: Path, monkeypatch, module_source: str, ckpt_nam
     built.mkdir(parents=True)
     (built / "genai_config.json").write_text("{}")
     return ckpt
+
+
+def run_in_chunks(piece, prefix: np.ndarray, rows: np.ndarray, chunks: list[int], output: str) -> np.ndarray:
+    """`rows` run after `prefix` in calls of `chunks` rows; the piece's `output` for every row."""
+    piece.run(prefix, 0)
+    outs, done = [], 0
+    for n in chunks:
+        outs.append(piece.run(rows[:, done:done + n], prefix.shape[1] + done, keep=n)[output].copy())
+        done += n
+    return np.concatenate(outs, axis=1)

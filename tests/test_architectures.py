@@ -236,10 +236,18 @@ DEEP_TREE = [-1, 0, *range(0, 19)]
 @pytest.mark.parametrize("flavour", ["ort", "standard"])
 @pytest.mark.parametrize("arch", ["mistral", "gemma3_text"])
 def test_a_tree_deeper_than_the_window_equals_each_branch_as_a_chain(family, arch, flavour):
+    pieces = load(family(arch)[flavour], threads=1).pieces
+    n = len(DEEP_TREE)
+    for _, _, _, got, want in tree_rows_beside_chains(pieces, (n - 2, n - 1, 9, 4)):
+        _close(got, want, 1e-5)
+
+
+def tree_rows_beside_chains(pieces, rows: tuple[int, ...]):
+    """DEEP_TREE's call after a random prompt, then each of `rows` as its branch run as a chain after the same
+    prompt: yields (row, the tree's shallow state, the chain's, the tree's deep logits, the chain's) per row."""
     from specexport.runtime.backends.common import TreeMask
     from specexport.runtime.decode import ids_array
 
-    pieces = load(family(arch)[flavour], threads=1).pieces
     rng = np.random.default_rng(3)
     prompt, tokens = rng.integers(0, 300, size=12).tolist(), rng.integers(0, 300, size=len(DEEP_TREE)).tolist()
 
@@ -249,16 +257,16 @@ def test_a_tree_deeper_than_the_window_equals_each_branch_as_a_chain(family, arc
     prefill()
     pos, tree = len(prompt), TreeMask.from_parents(DEEP_TREE, len(prompt))
     assert tree.depth.max() > 8
-    hidden = pieces.shallow.run(ids_array(tokens), pos, tree=tree)["hidden"]
-    got = pieces.deep.run(hidden, pos, keep=len(tokens), tree=tree)["logits"][0]
-    for i in (len(tokens) - 2, len(tokens) - 1, 9, 4):
+    hidden = pieces.shallow.run(ids_array(tokens), pos, tree=tree)["hidden"].copy()
+    got = pieces.deep.run(hidden, pos, keep=len(tokens), tree=tree)["logits"][0].copy()
+    for i in rows:
         path = [i]
         while DEEP_TREE[path[-1]] >= 0:
             path.append(DEEP_TREE[path[-1]])
         prefill()
-        chain = [tokens[j] for j in path[::-1]]
-        want = pieces.deep.run(pieces.shallow.run(ids_array(chain), pos)["hidden"], pos, keep=len(chain))["logits"]
-        _close(got[i], want[0, -1], 1e-5)
+        chain_hidden = pieces.shallow.run(ids_array([tokens[j] for j in path[::-1]]), pos)["hidden"].copy()
+        want = pieces.deep.run(chain_hidden, pos, keep=len(path))["logits"][0, -1]
+        yield i, hidden[0, i], chain_hidden[0, -1], got[i], want
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "phi3", "gemma3_text"])

@@ -22,7 +22,7 @@ import pytest
 from specexport.runtime import load
 from specexport.runtime.decode import ids_array
 
-from .conftest import REAL_VARIANTS, real_bundle
+from .conftest import REAL_VARIANTS, real_bundle, run_in_chunks
 from .real_prompts import PROMPTS
 from .test_tree_attention import leading_rows_are_ar_bit_for_bit
 
@@ -78,16 +78,6 @@ def opened(variant: str) -> tuple:
     return (session, *_ar[variant])
 
 
-def _split(piece, prefix: np.ndarray, rows: np.ndarray, chunks: list[int], output: str) -> np.ndarray:
-    """`rows` run after `prefix` in calls of `chunks` rows; the piece's `output` for every row."""
-    piece.run(prefix, 0)
-    outs, done = [], 0
-    for n in chunks:
-        outs.append(piece.run(rows[:, done:done + n], prefix.shape[1] + done, keep=n)[output].copy())
-        done += n
-    return np.concatenate(outs, axis=1)
-
-
 @pytest.mark.parametrize("variant", list(REAL_VARIANTS))
 def test_verification_rows_are_one_token_calls_bit_for_bit(variant):
     """A chain of 8 tokens verified in one call, or in calls of 1, 2, 3 and 2 rows, gives every hidden state
@@ -105,8 +95,8 @@ def test_verification_rows_are_one_token_calls_bit_for_bit(variant):
     hidden_prompt = pieces.shallow.run(ids_array(prompt), 0)["hidden"].copy()
     whole = {}
     for chunks in ([8], [1] * 8, [1, 2, 3, 2]):
-        hidden = _split(pieces.shallow, ids_array(prompt), ids_array(chain), chunks, "hidden")
-        logits = _split(pieces.deep, hidden_prompt, hidden if not whole else whole["hidden"], chunks, "logits")
+        hidden = run_in_chunks(pieces.shallow, ids_array(prompt), ids_array(chain), chunks, "hidden")
+        logits = run_in_chunks(pieces.deep, hidden_prompt, hidden if not whole else whole["hidden"], chunks, "logits")
         if not whole:
             whole = {"hidden": hidden, "logits": logits}
             assert logits.shape[1] == 8 and np.isfinite(logits).all()

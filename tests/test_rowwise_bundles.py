@@ -15,7 +15,7 @@ from specexport.runtime import attention_op, load
 from specexport.runtime.decode import ids_array
 from specexport.runtime.errors import SpecExportError
 
-from .conftest import make_noisy_drafter
+from .conftest import make_noisy_drafter, run_in_chunks
 from .test_tree_attention import leading_rows_are_ar_bit_for_bit
 
 pytestmark = pytest.mark.skipif(not attention_op.available(), reason="the attention operator is not built")
@@ -72,15 +72,6 @@ def test_manifest_and_graphs_use_the_operator(rowwise_bundle, precision):
     assert session.one_row_calls in ("none", "session")
 
 
-def _split(piece, prefix: np.ndarray, rows: np.ndarray, chunks: list[int], output: str) -> np.ndarray:
-    piece.run(prefix, 0)
-    outs, done = [], 0
-    for n in chunks:
-        outs.append(piece.run(rows[:, done:done + n], prefix.shape[1] + done, keep=n)[output].copy())
-        done += n
-    return np.concatenate(outs, axis=1)
-
-
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_verification_rows_are_one_token_calls_bit_for_bit(rowwise_bundle, precision):
     session = load(rowwise_bundle(precision))
@@ -90,8 +81,8 @@ def test_verification_rows_are_one_token_calls_bit_for_bit(rowwise_bundle, preci
     hidden_prompt = pieces.shallow.run(ids_array(prompt), 0)["hidden"].copy()
     whole = {}
     for chunks in ([12], [1] * 12, [1, 2, 3, 2, 4]):
-        hidden = _split(pieces.shallow, ids_array(prompt), ids_array(chain), chunks, "hidden")
-        logits = _split(pieces.deep, hidden_prompt, whole.get("hidden", hidden), chunks, "logits")
+        hidden = run_in_chunks(pieces.shallow, ids_array(prompt), ids_array(chain), chunks, "hidden")
+        logits = run_in_chunks(pieces.deep, hidden_prompt, whole.get("hidden", hidden), chunks, "logits")
         if not whole:
             whole = {"hidden": hidden, "logits": logits}
             continue
@@ -180,10 +171,9 @@ def test_families_with_the_operator(tmp_path, arch):
     """q/k norms, partial rotary, sliding windows and Gemma's local RoPE table through the operator: the build's
     parity checks pass, every mode gives AR's tokens, and a token tree deeper than the window gives each branch
     exactly the logits of that branch run as a chain (no masked slot changes a row's arithmetic)."""
-    from specexport.runtime.backends.common import TreeMask
 
     from .conftest import make_arch_checkpoint
-    from .test_architectures import CONTEXT, DEEP_TREE, EXIT, NEW_TOKENS
+    from .test_architectures import CONTEXT, DEEP_TREE, EXIT, NEW_TOKENS, tree_rows_beside_chains
     from .test_architectures import PROMPTS as ARCH_PROMPTS
 
     ckpt = make_arch_checkpoint(tmp_path / "model", arch)
@@ -196,26 +186,10 @@ def test_families_with_the_operator(tmp_path, arch):
         for how in ({"mode": "self", "gamma": 3, "eta": 0.0}, {"mode": "model", "gamma": 3, "eta": 0.0},
                     {"mode": "lookup"}, {"mode": "model", "tree": "4:3:2:10"}):
             assert session.generate(prompt, max_new_tokens=NEW_TOKENS, **how).tokens == ar, (prompt, how)
-    pieces = session.pieces
-    rng = np.random.default_rng(3)
-    prompt, tokens = rng.integers(0, 300, size=12).tolist(), rng.integers(0, 300, size=len(DEEP_TREE)).tolist()
-
-    def prefill() -> None:
-        pieces.deep.run(pieces.shallow.run(ids_array(prompt), 0)["hidden"], 0)
-
-    prefill()
-    pos, tree = len(prompt), TreeMask.from_parents(DEEP_TREE, len(prompt))
-    hidden = pieces.shallow.run(ids_array(tokens), pos, tree=tree)["hidden"].copy()
-    got = pieces.deep.run(hidden, pos, keep=len(tokens), tree=tree)["logits"][0].copy()
-    for i in (len(tokens) - 1, 9, 4):
-        path = [i]
-        while DEEP_TREE[path[-1]] >= 0:
-            path.append(DEEP_TREE[path[-1]])
-        prefill()
-        chain_hidden = pieces.shallow.run(ids_array([tokens[j] for j in path[::-1]]), pos)["hidden"].copy()
-        np.testing.assert_array_equal(hidden[0, i], chain_hidden[0, -1], err_msg=f"shallow, tree row {i}")
-        want = pieces.deep.run(chain_hidden, pos, keep=len(path))["logits"][0, -1]
-        np.testing.assert_array_equal(got[i], want, err_msg=f"deep, tree row {i}")
+    n = len(DEEP_TREE)
+    for i, tree_state, chain_state, got, want in tree_rows_beside_chains(session.pieces, (n - 1, 9, 4)):
+        np.testing.assert_array_equal(tree_state, chain_state, err_msg=f"shallow, tree row {i}")
+        np.testing.assert_array_equal(got, want, err_msg=f"deep, tree row {i}")
 
 
 def test_a_gpu_provider_is_refused(rowwise_bundle):
