@@ -234,3 +234,29 @@ def run_in_chunks(piece, prefix: np.ndarray, rows: np.ndarray, chunks: list[int]
         outs.append(piece.run(rows[:, done:done + n], prefix.shape[1] + done, keep=n)[output].copy())
         done += n
     return np.concatenate(outs, axis=1)
+
+
+# a real server of each kind over the tiny bundles, for the serving tests' HTTP clients (imports kept inside:
+# the serve extra may be missing, and then only those tests skip)
+@pytest.fixture()
+def one_at_a_time(tiny_bundles):
+    from specexport.runtime import load
+    from specexport.serve import create_app
+
+    from .test_serve import ThreadServer
+
+    server = ThreadServer(create_app(load(tiny_bundles())))
+    yield server
+    server.stop()
+
+
+@pytest.fixture()
+def batching(drafting_bundle):
+    from specexport.runtime import load
+    from specexport.serve import create_app
+
+    from .test_serve import ThreadServer
+
+    server = ThreadServer(create_app(load(drafting_bundle), batch=2))
+    yield server
+    server.stop()

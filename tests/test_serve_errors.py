@@ -6,7 +6,6 @@ Runtime would raise it, under the runtime's own piece wrapper."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 
@@ -14,8 +13,6 @@ pytest.importorskip("starlette", reason="the serve extra installs starlette and 
 pytest.importorskip("uvicorn", reason="the serve extra installs starlette and uvicorn")
 httpx = pytest.importorskip("httpx", reason="the dev extra installs httpx")
 
-from specexport.runtime import load  # noqa: E402
-from specexport.serve import create_app  # noqa: E402
 
 from .test_serve import PROMPT, ThreadServer, _post, assert_error  # noqa: E402
 
@@ -57,20 +54,6 @@ def assert_fails_mid_generation(server: ThreadServer, deep_session) -> None:
     # the server goes on: the next request is whole
     reply = _post(server, "/v1/completions", body)
     assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 20
-
-
-@pytest.fixture()
-def one_at_a_time(tiny_bundles) -> Iterator[ThreadServer]:
-    server = ThreadServer(create_app(load(tiny_bundles())))
-    yield server
-    server.stop()
-
-
-@pytest.fixture()
-def batching(drafting_bundle) -> Iterator[ThreadServer]:
-    server = ThreadServer(create_app(load(drafting_bundle), batch=2))
-    yield server
-    server.stop()
 
 
 def test_one_at_a_time_a_bad_request_is_400_and_a_failing_piece_500(one_at_a_time):

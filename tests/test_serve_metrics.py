@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
 
 import pytest
 
@@ -85,20 +84,6 @@ def assert_speculation_counted(after: Scrape, before: Scrape, replies: list[dict
         assert drafted_at == sorted(drafted_at, reverse=True) and accepted_at == sorted(accepted_at, reverse=True)
         if drafted:
             assert drafted_at[0] <= steps  # at most one first draft token a step
-
-
-@pytest.fixture()
-def one_at_a_time(tiny_bundles) -> Iterator[ThreadServer]:
-    server = ThreadServer(create_app(load(tiny_bundles())))
-    yield server
-    server.stop()
-
-
-@pytest.fixture()
-def batching(drafting_bundle) -> Iterator[ThreadServer]:
-    server = ThreadServer(create_app(load(drafting_bundle), batch=2))
-    yield server
-    server.stop()
 
 
 def test_metrics_of_one_request_at_a_time(one_at_a_time):
