@@ -61,10 +61,16 @@ class TwoRowCalls(WrappedPiece):
         return {name: value[:, :1] for name, value in results.items()}
 
 
+def one_row_calls_differ(pieces, vocab: int, min_rows: int, max_context: int) -> bool:
+    """True where shallow's and deep's one-row calls leave a verification call's arithmetic on this machine and
+    the caller must pad them; pieces that pad in the graph (min_rows 2), or a context too short to probe, never."""
+    return min_rows < 2 and max_context >= PROBE_TOKENS + 1 and not one_row_calls_match(pieces, vocab)
+
+
 def pad_if_needed(pieces: Pieces, vocab: int, min_rows: int, max_context: int) -> bool:
     """Wraps shallow and deep in TwoRowCalls when their one-row calls leave a verification call's
-    arithmetic on this machine; True when it did. Pieces that pad in the graph (min_rows 2) are left."""
-    if min_rows >= 2 or max_context < PROBE_TOKENS + 1 or one_row_calls_match(pieces, vocab):
+    arithmetic on this machine; True when it did."""
+    if not one_row_calls_differ(pieces, vocab, min_rows, max_context):
         return False
     pieces.shallow = TwoRowCalls(pieces.shallow, max_context)
     pieces.deep = TwoRowCalls(pieces.deep, max_context)

@@ -37,7 +37,7 @@ from ..backends.ort import session_options
 from ..bundle import Bundle
 from ..errors import RunError, SpecExportError
 from ..manifest import Piece as PieceSpec
-from ..row_padding import PROBE_TOKENS, one_row_calls_match
+from ..row_padding import one_row_calls_differ
 
 
 def check_batchable(name: str, spec: PieceSpec, root: Path, attention: str = "gqa") -> None:
@@ -179,7 +179,6 @@ def pads_one_row_calls(source: object, bundle: Bundle, shallow: BatchedPiece, de
     batched pieces' row 0 (its caches are rewritten before any request reads them)."""
     if hasattr(source, "one_row_calls"):
         return source.one_row_calls == "session"
-    if bundle.pieces["deep"].min_rows >= 2 or bundle.max_context < PROBE_TOKENS + 1:
-        return False
     probe = SimpleNamespace(shallow=_RowZero(shallow), deep=_RowZero(deep))
-    return not one_row_calls_match(probe, bundle.manifest.model.dims.vocab)
+    return one_row_calls_differ(probe, bundle.manifest.model.dims.vocab, bundle.pieces["deep"].min_rows,
+                                bundle.max_context)
