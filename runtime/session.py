@@ -152,11 +152,12 @@ class Session:
         return self._request(prompt, overrides, streaming=False).generation()
 
     def _request(self, prompt: str, overrides: dict, streaming: bool) -> TextStream:
-        opts = self.options(**overrides)
+        opts = make_options(self.defaults, overrides, self.limits)  # planned once, by the TextStream
         return TextStream(self, self.prompt_ids(prompt, opts), opts, streaming)
 
     def generate_ids(self, prompt_ids: list[int], **overrides) -> Generation:
-        return TextStream(self, list(prompt_ids), self.options(**overrides), streaming=False).generation()
+        opts = make_options(self.defaults, overrides, self.limits)
+        return TextStream(self, list(prompt_ids), opts, streaming=False).generation()
 
     # -- the loop driver -------------------------------------------------------------------------
 
