@@ -599,9 +599,12 @@ struct Op : OrtCustomOp {
 
 }  // namespace
 
+OrtCustomOp* SpecexportMatMulOp(const OrtApi* api, uint32_t version);  // native/row_matmul.cc
+
 extern "C" {
 
-// The ONNX Runtime entry point. The newest API this library knows that the loading runtime offers is taken
+// The ONNX Runtime entry point, for both of the library's operators (this one and row_matmul.cc's
+// RowInvariantMatMulNBits). The newest API this library knows that the loading runtime offers is taken
 // (ParallelFor, the oldest call used, came in API 17).
 __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
                                                                                 const OrtApiBase* base) {
@@ -615,6 +618,7 @@ __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps
   if (!domain) {
     RETURN_IF(g_api->CreateCustomOpDomain("specexport", &domain));
     RETURN_IF(g_api->CustomOpDomain_Add(domain, &op));
+    RETURN_IF(g_api->CustomOpDomain_Add(domain, SpecexportMatMulOp(api, version + 1)));
   }
   return g_api->AddCustomOpDomain(options, domain);
 }

@@ -12,7 +12,7 @@ import onnxruntime as ort
 from specexport.runtime import attention_op
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCE = REPO / "native" / "row_attention.cc"
+SOURCES = [REPO / "native" / "row_attention.cc", REPO / "native" / "row_matmul.cc"]
 
 
 def _extensions() -> list[tuple[str, list[str]]]:
@@ -30,7 +30,8 @@ def test_the_build_backend_declares_the_operator():
     pyproject = (REPO / "pyproject.toml").read_text()
     assert re.search(r'^build-backend = "setuptools.build_meta"$', pyproject, re.M), \
         "setup.py's extension is built only by setuptools' backend"
-    assert (f"specexport.runtime.{attention_op.LIBRARY}", ["native/row_attention.cc"]) in _extensions()
+    assert (f"specexport.runtime.{attention_op.LIBRARY}", ["native/row_attention.cc", "native/row_matmul.cc"]) \
+        in _extensions()
     assert "build_ext" in (REPO / "setup.py").read_text()  # the command that fetches the headers first
     assert "include native/*.cc" in (REPO / "MANIFEST.in").read_text()  # an sdist can build it too
 
@@ -40,7 +41,7 @@ def test_make_setup_installs_through_the_backend_and_rebuilds_on_change():
     rule = re.search(r"^\$\(BIN\)/specexport:(.*)$\n((?:\t.*\n)+)", makefile, re.M)
     assert rule, "the Makefile has no $(BIN)/specexport rule"
     prerequisites, recipe = rule.group(1).split(), rule.group(2)
-    assert {"pyproject.toml", "setup.py", "native/row_attention.cc"} <= set(prerequisites)
+    assert {"pyproject.toml", "setup.py", "native/row_attention.cc", "native/row_matmul.cc"} <= set(prerequisites)
     assert re.search(r"pip install .*-e '\.\[", recipe), "make setup no longer installs the package itself"
     assert "SPECEXPORT_NO_NATIVE" not in makefile
 
@@ -48,7 +49,8 @@ def test_make_setup_installs_through_the_backend_and_rebuilds_on_change():
 def test_the_installed_package_carries_a_current_library():
     path = attention_op.library_path()
     assert path is not None, f"the installed package has no attention operator: {attention_op.load_error()}"
-    assert path.stat().st_mtime >= SOURCE.stat().st_mtime, f"{path.name} is older than its source: run make setup"
+    for source in SOURCES:
+        assert path.stat().st_mtime >= source.stat().st_mtime, f"{path.name} is older than {source.name}: make setup"
     assert attention_op.load_error() is None
     # the Python module's own runtime serves it: the library must not pull in a second one
     assert b"libonnxruntime.so" not in path.read_bytes()

@@ -1,0 +1,440 @@
+// specexport.RowInvariantMatMulNBits: MatMulNBits's job (int4 or int8 block-quantized weights, activations
+// quantized to int8 per block as accuracy level 4 does) with every output row computed alone.
+//
+// Lossless speculative decoding needs a token's row of a many-row verification call to carry the same bits as
+// the one-row AR call of that token. ONNX Runtime's CPU MatMulNBits picks kernels by the number of rows, and
+// on some CPUs (AVX2 without VNNI) a one-row call rounds otherwise than a row of many. Here a row's arithmetic
+// is fixed: its activations are quantized per block (scale = max|a| / 127, codes rounded to nearest even and
+// clipped to +-127); per (column, block) an exact int32 dot product of the codes with the weight codes, minus
+// zero point * sum of the activation codes (integer, so in any order); per column a float sum over blocks in
+// block order, acc = fma(float(dot), activation scale * weight scale, acc), from 0. Rows and columns are tiled
+// for speed only: no tiling changes a (row, column)'s operations, and the portable and AVX2 paths do the same
+// float operations, so the path taken is only a matter of speed.
+//
+// Inputs: A float [..., K]; B uint8, the weights in this operator's own layout (below); scales float
+// [tiles, blocks, 8]; zero_points uint8 [tiles, blocks, 8] (one code per byte). Output float [..., N].
+// Attributes: K, N, bits (4 or 8), block_size (a multiple of 32, at most 256).
+//
+// Layout (exporter/row_matmul.py writes it): columns in tiles of 8 (N padded to a multiple of 8 with zero
+// codes), K in blocks (padded with zero codes), a block in chunks of 32 values. B holds, tile by tile and
+// block by block, each chunk's 8 columns:
+//   bits 8: column c's 32 codes at chunk offset 32 c;
+//   bits 4: 4 runs of 32 bytes, run p holding column p in its first 16 bytes and column p + 4 in its last 16;
+//           in a column's 16 bytes, byte i carries value i in its low nibble and value 16 + i in its high one.
+// So one AVX2 register holds 8 columns' accumulators in column order after the integer reductions.
+//
+// Built without linking libonnxruntime, as native/row_attention.cc (which registers this operator too).
+
+#define ORT_API_MANUAL_INIT
+#include "onnxruntime_c_api.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+const OrtApi* g_api = nullptr;
+constexpr int64_t kTile = 8;     // columns per tile
+constexpr int64_t kChunk = 32;   // values per chunk
+constexpr int64_t kMaxBlock = 256;
+constexpr int64_t kRowGroup = 8;     // rows whose accumulators a tile keeps at once
+constexpr int64_t kTilesPerItem = 4; // columns a parallel work item takes: 32
+
+enum class Isa { portable, avx2 };
+
+struct Attrs {
+  int64_t K = 0, N = 0, bits = 0, block = 0;
+};
+
+struct Call {  // one Compute's shapes and pointers, shared by the parallel loop
+  Attrs a;
+  int64_t M, blocks, chunks, tiles, padded_k, tile_block_bytes;
+  const uint8_t* w;
+  const float* wscale;
+  const uint8_t* zp;
+  std::vector<int8_t> q;       // [M, padded_k] activation codes
+  std::vector<float> ascale;   // [M, blocks]
+  std::vector<int32_t> asum;   // [M, blocks] sum of a block's codes
+  float* out;
+  void (*tile)(const Call&, int64_t t, int64_t r0, int64_t rows);
+};
+
+// A row's activations to int8 codes per block: the same scalar code for every path.
+void quantize_row(const float* a, int64_t K, int64_t block, int64_t blocks, int8_t* q, float* scale, int32_t* sum) {
+  for (int64_t b = 0; b < blocks; ++b) {
+    int64_t lo = b * block, hi = std::min(K, lo + block);
+    float amax = 0.0f;
+    for (int64_t k = lo; k < hi; ++k) amax = std::max(amax, std::fabs(a[k]));
+    float s = amax / 127.0f;
+    float inv = s != 0.0f ? 1.0f / s : 0.0f;
+    int32_t total = 0;
+    for (int64_t k = lo; k < lo + block; ++k) {
+      int32_t v = 0;
+      if (k < hi) {
+        float r = std::nearbyint(a[k] * inv);  // the default rounding mode: to nearest even
+        v = static_cast<int32_t>(std::min(127.0f, std::max(-127.0f, r)));
+      }
+      q[k] = static_cast<int8_t>(v);
+      total += v;
+    }
+    scale[b] = s;
+    sum[b] = total;
+  }
+}
+
+void store(const Call& c, int64_t t, int64_t r, const float* acc) {
+  int64_t n = std::min(kTile, c.a.N - t * kTile);
+  std::memcpy(c.out + r * c.a.N + t * kTile, acc, sizeof(float) * n);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The canonical arithmetic (the portable path); the AVX2 path mirrors its float operations.
+
+inline int32_t code_at(const uint8_t* wb, int64_t bits, int64_t col, int64_t i) {  // wb: a tile's block
+  int64_t j = i / kChunk, v = i % kChunk;
+  if (bits == 8) return wb[(j * kTile + col) * kChunk + v];
+  uint8_t byte = wb[j * 4 * kChunk + (col % 4) * kChunk + (col / 4) * 16 + v % 16];
+  return v < 16 ? byte & 15 : byte >> 4;
+}
+
+void tile_portable(const Call& c, int64_t t, int64_t r0, int64_t rows) {
+  for (int64_t r = r0; r < r0 + rows; ++r) {
+    float acc[kTile] = {0};
+    for (int64_t b = 0; b < c.blocks; ++b) {
+      const uint8_t* wb = c.w + (t * c.blocks + b) * c.tile_block_bytes;
+      const int8_t* q = c.q.data() + r * c.padded_k + b * c.a.block;
+      float as = c.ascale[r * c.blocks + b];
+      int32_t sum = c.asum[r * c.blocks + b];
+      for (int64_t col = 0; col < kTile; ++col) {
+        int32_t dot = 0;
+        for (int64_t i = 0; i < c.a.block; ++i) dot += q[i] * code_at(wb, c.a.bits, col, i);
+        int64_t at = (t * c.blocks + b) * kTile + col;
+        dot -= static_cast<int32_t>(c.zp[at]) * sum;
+        float s = as * c.wscale[at];
+        acc[col] = std::fma(static_cast<float>(dot), s, acc[col]);
+      }
+    }
+    store(c, t, r, acc);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// AVX2 + FMA, written for a block of CH chunks and R rows at a time so that the loops unroll and the
+// accumulators stay in registers: a tile's block of weights is loaded and unpacked once for the R rows.
+
+struct Ptrs {  // the call's arrays, copied out of Call so that the compiler need not reload them
+  const uint8_t* w;
+  const float* wscale;
+  const uint8_t* zp;
+  const int8_t* q;
+  const float* ascale;
+  const int32_t* asum;
+  int64_t blocks, padded_k, block, tile_block_bytes;
+};
+
+// acc += float(dot - zero point * sum of the row's codes) * (row scale * column scale), for 8 columns
+__attribute__((target("avx2,fma"))) inline __m256 accumulate_avx2(__m256 acc, __m256i dot, __m256i zp, __m256 ws,
+                                                                   float as, int32_t sum) {
+  // zp < 256 and |sum| <= 127 * 256 < 2^15: madd_epi16's low halves give zp * sum exactly
+  dot = _mm256_sub_epi32(dot, _mm256_madd_epi16(zp, _mm256_set1_epi32(sum)));
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(_mm256_set1_ps(as), ws), acc);
+}
+
+template <int CH, int R>
+__attribute__((target("avx2,fma"))) void int4_rows_avx2(const Ptrs& p, int64_t t, int64_t r0, float* const* out) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  for (int64_t b = 0; b < p.blocks; ++b) {
+    const uint8_t* wb = p.w + (t * p.blocks + b) * p.tile_block_bytes;
+    __m256i s[R][4];
+    for (int r = 0; r < R; ++r)
+      for (int k = 0; k < 4; ++k) s[r][k] = _mm256_setzero_si256();
+    for (int j = 0; j < CH; ++j)
+      for (int k = 0; k < 4; ++k) {
+        __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + (j * 4 + k) * kChunk));
+        __m256i lo = _mm256_and_si256(v, mask), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+        for (int r = 0; r < R; ++r) {
+          // codes 0-15 and 16-31 of the chunk in both halves: a run's two columns take the same activations
+          const int8_t* q = p.q + (r0 + r) * p.padded_k + b * p.block + j * kChunk;
+          __m256i qlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+          __m256i qhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)));
+          // (15 * 127 * 2 per pair, two pairs: no int16 saturation)
+          __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, qlo), _mm256_maddubs_epi16(hi, qhi));
+          s[r][k] = _mm256_add_epi32(s[r][k], _mm256_madd_epi16(pairs, ones));
+        }
+      }
+    int64_t at = (t * p.blocks + b) * kTile;
+    __m256i zp = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p.zp + at)));
+    __m256 ws = _mm256_loadu_ps(p.wscale + at);
+    for (int r = 0; r < R; ++r) {
+      // run k holds columns k (low half) and k + 4 (high half): two hadds leave columns 0-3 | 4-7
+      __m256i dot = _mm256_hadd_epi32(_mm256_hadd_epi32(s[r][0], s[r][1]), _mm256_hadd_epi32(s[r][2], s[r][3]));
+      int64_t row = (r0 + r) * p.blocks + b;
+      acc[r] = accumulate_avx2(acc[r], dot, zp, ws, p.ascale[row], p.asum[row]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out[r], acc[r]);
+}
+
+template <int CH, int R>
+__attribute__((target("avx2,fma"))) void int8_rows_avx2(const Ptrs& p, int64_t t, int64_t r0, float* const* out) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < p.blocks; ++b) {
+    const uint8_t* wb = p.w + (t * p.blocks + b) * p.tile_block_bytes;
+    __m256i s[R][kTile];
+    for (int r = 0; r < R; ++r)
+      for (int col = 0; col < kTile; ++col) s[r][col] = _mm256_setzero_si256();
+    for (int j = 0; j < CH; ++j)
+      for (int col = 0; col < kTile; ++col) {
+        const __m128i* src = reinterpret_cast<const __m128i*>(wb + (j * kTile + col) * kChunk);
+        __m256i lo = _mm256_cvtepu8_epi16(_mm_loadu_si128(src)), hi = _mm256_cvtepu8_epi16(_mm_loadu_si128(src + 1));
+        for (int r = 0; r < R; ++r) {
+          const int8_t* q = p.q + (r0 + r) * p.padded_k + b * p.block + j * kChunk;
+          __m256i qlo = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+          __m256i qhi = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)));
+          s[r][col] = _mm256_add_epi32(s[r][col], _mm256_add_epi32(_mm256_madd_epi16(lo, qlo),
+                                                                   _mm256_madd_epi16(hi, qhi)));
+        }
+      }
+    int64_t at = (t * p.blocks + b) * kTile;
+    __m256i zp = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p.zp + at)));
+    __m256 ws = _mm256_loadu_ps(p.wscale + at);
+    for (int r = 0; r < R; ++r) {
+      __m256i x = _mm256_hadd_epi32(_mm256_hadd_epi32(s[r][0], s[r][1]), _mm256_hadd_epi32(s[r][2], s[r][3]));
+      __m256i y = _mm256_hadd_epi32(_mm256_hadd_epi32(s[r][4], s[r][5]), _mm256_hadd_epi32(s[r][6], s[r][7]));
+      __m256i dot = _mm256_add_epi32(_mm256_permute2x128_si256(x, y, 0x20), _mm256_permute2x128_si256(x, y, 0x31));
+      int64_t row = (r0 + r) * p.blocks + b;
+      acc[r] = accumulate_avx2(acc[r], dot, zp, ws, p.ascale[row], p.asum[row]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out[r], acc[r]);
+}
+
+using RowsKernel = void (*)(const Ptrs&, int64_t, int64_t, float* const*);
+
+template <int CH>
+RowsKernel rows_kernel(int64_t bits, int64_t rows) {
+  if (bits == 4) {
+    switch (rows) {
+      case 1: return int4_rows_avx2<CH, 1>;
+      case 2: return int4_rows_avx2<CH, 2>;
+      case 3: return int4_rows_avx2<CH, 3>;
+      default: return int4_rows_avx2<CH, 4>;
+    }
+  }
+  switch (rows) {
+    case 1: return int8_rows_avx2<CH, 1>;
+    case 2: return int8_rows_avx2<CH, 2>;
+    case 3: return int8_rows_avx2<CH, 3>;
+    default: return int8_rows_avx2<CH, 4>;
+  }
+}
+
+RowsKernel pick(int64_t chunks, int64_t bits, int64_t rows) {
+  switch (chunks) {
+    case 1: return rows_kernel<1>(bits, rows);
+    case 2: return rows_kernel<2>(bits, rows);
+    case 4: return rows_kernel<4>(bits, rows);
+    case 8: return rows_kernel<8>(bits, rows);
+    default: return nullptr;  // blocks of 96, 160 ... (no recipe's): the portable path
+  }
+}
+
+void tile_avx2(const Call& c, int64_t t, int64_t r0, int64_t rows) {
+  Ptrs p{c.w, c.wscale, c.zp, c.q.data(), c.ascale.data(), c.asum.data(), c.blocks, c.padded_k, c.a.block,
+         c.tile_block_bytes};
+  bool whole = (t + 1) * kTile <= c.a.N;
+  alignas(32) float part[kRowGroup][kTile];  // the last tile's padded columns are not written out
+  for (int64_t r = r0; r < r0 + rows;) {
+    int64_t n = std::min<int64_t>(4, r0 + rows - r);
+    RowsKernel k = pick(c.chunks, c.a.bits, n);
+    if (!k) return tile_portable(c, t, r, r0 + rows - r);
+    float* out[4];
+    for (int64_t i = 0; i < n; ++i) out[i] = whole ? c.out + (r + i) * c.a.N + t * kTile : part[i];
+    k(p, t, r, out);
+    if (!whole)
+      for (int64_t i = 0; i < n; ++i) store(c, t, r + i, part[i]);
+    r += n;
+  }
+}
+
+Isa detect_isa() {
+  // SPECEXPORT_MATMUL_ISA=portable forces the portable path (the tests compare the paths)
+  const char* forced = std::getenv("SPECEXPORT_MATMUL_ISA");
+  if (forced && std::string(forced) == "portable") return Isa::portable;
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? Isa::avx2 : Isa::portable;
+}
+
+const char* isa_name(Isa isa) { return isa == Isa::avx2 ? "avx2" : "portable"; }
+
+void run_item(void* data, size_t item) {  // item: kTilesPerItem tiles of columns, every row
+  const Call& c = *static_cast<const Call*>(data);
+  int64_t first = static_cast<int64_t>(item) * kTilesPerItem, last = std::min(c.tiles, first + kTilesPerItem);
+  for (int64_t t = first; t < last; ++t)
+    for (int64_t r0 = 0; r0 < c.M; r0 += kRowGroup) c.tile(c, t, r0, std::min(kRowGroup, c.M - r0));
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// ONNX Runtime glue
+
+struct Kernel {
+  Attrs a;
+  Isa isa;
+};
+
+OrtStatus* fail(const std::string& msg) { return g_api->CreateStatus(ORT_INVALID_ARGUMENT, msg.c_str()); }
+
+#define RETURN_IF(expr)          \
+  do {                           \
+    OrtStatus* status_ = (expr); \
+    if (status_) return status_; \
+  } while (0)
+
+struct Tensor {
+  std::vector<int64_t> shape;
+  int64_t size = 1;
+  const void* data = nullptr;
+};
+
+OrtStatus* input(OrtKernelContext* ctx, size_t index, Tensor* t) {
+  const OrtValue* value = nullptr;
+  RETURN_IF(g_api->KernelContext_GetInput(ctx, index, &value));
+  if (!value) return fail("RowInvariantMatMulNBits: input " + std::to_string(index) + " is missing");
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  RETURN_IF(g_api->GetTensorTypeAndShape(value, &info));
+  size_t rank = 0;
+  OrtStatus* st = g_api->GetDimensionsCount(info, &rank);
+  if (!st) {
+    t->shape.resize(rank);
+    st = g_api->GetDimensions(info, t->shape.data(), rank);
+  }
+  g_api->ReleaseTensorTypeAndShapeInfo(info);
+  RETURN_IF(st);
+  for (int64_t d : t->shape) t->size *= d;
+  void* data = nullptr;  // read only: API 21 has no const accessor
+  RETURN_IF(g_api->GetTensorMutableData(const_cast<OrtValue*>(value), &data));
+  t->data = data;
+  return nullptr;
+}
+
+OrtStatus* compute(void* op_kernel, OrtKernelContext* ctx) {
+  const Kernel& kern = *static_cast<Kernel*>(op_kernel);
+  Tensor a, w, scales, zp;
+  RETURN_IF(input(ctx, 0, &a));
+  RETURN_IF(input(ctx, 1, &w));
+  RETURN_IF(input(ctx, 2, &scales));
+  RETURN_IF(input(ctx, 3, &zp));
+  Call c;
+  c.a = kern.a;
+  if (a.shape.empty() || a.shape.back() != c.a.K)
+    return fail("RowInvariantMatMulNBits: A's last axis is not K = " + std::to_string(c.a.K));
+  c.M = a.size / c.a.K;
+  c.blocks = (c.a.K + c.a.block - 1) / c.a.block;
+  c.chunks = c.a.block / kChunk;
+  c.tiles = (c.a.N + kTile - 1) / kTile;
+  c.padded_k = c.blocks * c.a.block;
+  c.tile_block_bytes = kTile * c.a.block * c.a.bits / 8;
+  if (w.size != c.tiles * c.blocks * c.tile_block_bytes || scales.size != c.tiles * c.blocks * kTile ||
+      zp.size != c.tiles * c.blocks * kTile)
+    return fail("RowInvariantMatMulNBits: B, scales or zero_points do not hold K, N, bits and block_size's tiles");
+  c.w = static_cast<const uint8_t*>(w.data);
+  c.wscale = static_cast<const float*>(scales.data);
+  c.zp = static_cast<const uint8_t*>(zp.data);
+  std::vector<int64_t> out_shape = a.shape;
+  out_shape.back() = c.a.N;
+  OrtValue* out = nullptr;
+  RETURN_IF(g_api->KernelContext_GetOutput(ctx, 0, out_shape.data(), out_shape.size(), &out));
+  RETURN_IF(g_api->GetTensorMutableData(out, reinterpret_cast<void**>(&c.out)));
+  if (c.M == 0) return nullptr;
+  c.q.resize(c.M * c.padded_k);
+  c.ascale.resize(c.M * c.blocks);
+  c.asum.resize(c.M * c.blocks);
+  const float* rows = static_cast<const float*>(a.data);
+  for (int64_t r = 0; r < c.M; ++r)  // cheap beside the weights: K values a row
+    quantize_row(rows + r * c.a.K, c.a.K, c.a.block, c.blocks, c.q.data() + r * c.padded_k,
+                 c.ascale.data() + r * c.blocks, c.asum.data() + r * c.blocks);
+  c.tile = kern.isa == Isa::portable ? tile_portable : tile_avx2;
+  size_t items = static_cast<size_t>((c.tiles + kTilesPerItem - 1) / kTilesPerItem);
+  return g_api->KernelContext_ParallelFor(ctx, run_item, items, 0, &c);
+}
+
+OrtStatus* create_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info, void** out) {
+  Kernel* kern = new Kernel;
+  const char* names[] = {"K", "N", "bits", "block_size"};
+  int64_t* fields[] = {&kern->a.K, &kern->a.N, &kern->a.bits, &kern->a.block};
+  for (int i = 0; i < 4; ++i) {
+    OrtStatus* st = g_api->KernelInfoGetAttribute_int64(info, names[i], fields[i]);
+    if (st) {
+      g_api->ReleaseStatus(st);
+      delete kern;
+      return fail(std::string("RowInvariantMatMulNBits needs the attribute ") + names[i]);
+    }
+  }
+  const Attrs& a = kern->a;
+  if (a.K <= 0 || a.N <= 0 || (a.bits != 4 && a.bits != 8) || a.block < kChunk || a.block > kMaxBlock ||
+      a.block % kChunk) {
+    delete kern;
+    return fail("RowInvariantMatMulNBits: K and N must be positive, bits 4 or 8, block_size a multiple of 32 up"
+                " to 256");
+  }
+  kern->isa = detect_isa();
+  *out = kern;
+  return nullptr;
+}
+
+struct Op : OrtCustomOp {
+  explicit Op(uint32_t api_version) {
+    std::memset(static_cast<OrtCustomOp*>(this), 0, sizeof(OrtCustomOp));
+    version = api_version;
+    GetName = [](const OrtCustomOp*) { return "RowInvariantMatMulNBits"; };
+    GetExecutionProviderType = [](const OrtCustomOp*) { return "CPUExecutionProvider"; };
+    GetInputTypeCount = [](const OrtCustomOp*) -> size_t { return 4; };
+    GetInputType = [](const OrtCustomOp*, size_t i) {
+      return i == 0 || i == 2 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
+    };
+    GetOutputTypeCount = [](const OrtCustomOp*) -> size_t { return 1; };
+    GetOutputType = [](const OrtCustomOp*, size_t) { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; };
+    GetInputCharacteristic = [](const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; };
+    GetOutputCharacteristic = [](const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; };
+    GetInputMemoryType = [](const OrtCustomOp*, size_t) { return OrtMemTypeDefault; };
+    GetVariadicInputMinArity = [](const OrtCustomOp*) { return 1; };
+    GetVariadicInputHomogeneity = [](const OrtCustomOp*) { return 1; };
+    GetVariadicOutputMinArity = [](const OrtCustomOp*) { return 1; };
+    GetVariadicOutputHomogeneity = [](const OrtCustomOp*) { return 1; };
+    CreateKernelV2 = create_kernel;
+    KernelComputeV2 = compute;
+    KernelDestroy = [](void* k) { delete static_cast<Kernel*>(k); };
+    GetStartVersion = [](const OrtCustomOp*) { return 1; };
+    GetEndVersion = [](const OrtCustomOp*) { return 1 << 30; };
+    GetMayInplace = [](int**, int**) -> size_t { return 0; };
+    ReleaseMayInplace = [](int*, int*) {};
+    GetAliasMap = [](int**, int**) -> size_t { return 0; };
+    ReleaseAliasMap = [](int*, int*) {};
+  }
+};
+
+}  // namespace
+
+// The operator for RegisterCustomOps (native/row_attention.cc), which holds the library's one domain.
+OrtCustomOp* SpecexportMatMulOp(const OrtApi* api, uint32_t version) {
+  g_api = api;
+  static Op op(version);
+  return &op;
+}
+
+extern "C" {
+
+// The path the kernels take on this CPU, for `specexport doctor` and the tests.
+__attribute__((visibility("default"))) const char* SpecexportMatMulIsa() { return isa_name(detect_isa()); }
+
+}  // extern "C"
