@@ -67,6 +67,10 @@ def main() -> None:
               help="The 'ort' pieces' attention: 'gqa' is ONNX Runtime's GroupQueryAttention (any provider);"
               " 'rowwise' is specexport's CPU operator, built with the package, which computes every row alone so"
               " one-token calls need no copied row. Default: the recipe's (gqa).")
+@click.option("--matmul", type=click.Choice(["mlas", "rowwise"]), default=None,
+              help="The int8/int4 'ort' pieces' weight matmuls: 'mlas' is ONNX Runtime's MatMulNBits; 'rowwise' is"
+              " specexport's CPU operator (in the attention operator's library), which computes every row alone so"
+              " one-token calls round as rows of a verification call on any CPU. Default: the recipe's (mlas).")
 @click.option("--precision", type=click.Choice(["fp32", "int8", "int4"]), default=None,
               help="Weights: fp32, or int8/int4 weight-only quantization (ONNX Runtime's MatMulNBits, blocks of 64 /"
               " 32 along K; the ort flavour only). Default: the recipe's (fp32).")
@@ -97,8 +101,8 @@ def main() -> None:
               " scripts but build no engines (no TensorRT or GPU needed); build them on the device with"
               " `specexport engines build`.")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON on stdout.")
-def build(out, recipe, model, exit_layer, context, flavour, attention, precision, drafting_precision, adapter, drafter,
-          head, force, backend, target, plan_only, as_json) -> None:
+def build(out, recipe, model, exit_layer, context, flavour, attention, matmul, precision, drafting_precision, adapter,
+          drafter, head, force, backend, target, plan_only, as_json) -> None:
     """Build a bundle: load the model, cut and export its pieces, check them against PyTorch."""
     try:
         from ..exporter.build import build_bundle
@@ -108,7 +112,7 @@ def build(out, recipe, model, exit_layer, context, flavour, attention, precision
     manifest = build_bundle(out, recipe=recipe, model=model, exit_layer=exit_layer, context=context,
                             flavour=flavour, force=force, adapter=adapter, command=command_line(), backend=backend,
                             target=target, plan_only=plan_only, precision=precision, drafter=drafter,
-                            drafting_precision=drafting_precision, head=head, attention=attention)
+                            drafting_precision=drafting_precision, head=head, attention=attention, matmul=matmul)
     if as_json:
         click.echo(manifest.to_json(), nl=False)
     else:

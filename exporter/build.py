@@ -24,7 +24,7 @@ from ..runtime.manifest import (
     read_record,
     sha256_file,
 )
-from . import kv_cache, llama_graph, model_source, multirow, parity, quantize, row_attention
+from . import kv_cache, llama_graph, model_source, multirow, parity, quantize, row_attention, row_matmul
 from .bundle import BundleWriter
 from .chat import chat_format
 from .hf_weights import extract
@@ -208,12 +208,16 @@ def _tensorrt_context(requested: int | None, recipe_context: int, target: dict) 
     return requested if requested is not None else min(recipe_context, cap)
 
 
+def _block_sizes(*specs: quantize.QuantSpec | None) -> tuple[int, ...]:
+    return tuple(b for s in specs if s is not None for b in (s.block_size, s.for_lm_head().block_size))
+
+
 def build_bundle(out: Path, recipe: str | None = None, model: str | None = None, exit_layer: int | None = None,
                  context: int | None = None, flavour: str | None = None, force: bool = False,
                  adapter: str | None = None, command: str = "", backend: str | None = None,
                  target: str | None = None, plan_only: bool = False, precision: str | None = None,
                  drafter: str | None = None, drafting_precision: str | None = None, head: str | None = None,
-                 attention: str | None = None) -> dict:
+                 attention: str | None = None, matmul: str | None = None) -> dict:
     """Build a bundle at `out`. `adapter`: 'auto' (shipped, cached or freshly trained), 'none',
     'untrained' (tests only) or a trained adapter directory. `drafter`: 'auto' (the recipe's shipped drafter
     when it was trained for this target, else none), 'none', a `specexport train-drafter` directory or a
@@ -226,7 +230,9 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
     `head`: the feature-level draft head: 'auto' (the recipe's shipped head when it was trained for this
     target, else none), 'none', 'untrained' (tests only) or a `specexport train-head` directory.
     `attention`: the `ort` pieces' attention operator, 'gqa' or 'rowwise' (exporter/row_attention.py; default:
-    the recipe's [export] attention for the `ort` flavour, else gqa)."""
+    the recipe's [export] attention for the `ort` flavour, else gqa).
+    `matmul`: the int8/int4 `ort` pieces' weight matmuls, 'mlas' or 'rowwise' (exporter/row_matmul.py; default:
+    the recipe's [export] matmul, else mlas)."""
     _check_precision(precision, flavour, backend, target)
     trt_target = tensorrt_target(backend, target, plan_only)
     if trt_target is not None:
@@ -255,6 +261,8 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
     attention = attention or (exp.get("attention", "gqa") if flavour == "ort" else "gqa")
     row_attention.check_choice(attention, flavour, precision, kv_choice)
     rowwise = attention == "rowwise"  # its one-row calls round as rows of many: no copied row
+    matmul = matmul or exp.get("matmul", "mlas")
+    row_matmul.check_choice(matmul, flavour, precision, _block_sizes(qspec, draft_spec))
     padding = multirow.padding_for(precision, flavour, exp.get("one_row_padding"), kv_int8 or rowwise)
     context = int(exp.get("context", 2048))
     opset = OPSET if trt_target is None else trt_target["tensorrt"]["opset"]
@@ -263,6 +271,8 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
     def for_target(graph):
         if rowwise:
             row_attention.use_rowwise(graph)
+        if matmul == "rowwise":
+            row_matmul.use_rowwise(graph)
         # targets whose TensorRT updates caches in place get TensorScatter writes (exporter/tensorrt/graph.py)
         if trt_target is None or trt_target["build"]["kv_update"] != "inplace":
             return graph
@@ -427,7 +437,7 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
         report = parity.run_checks(writer.tmp, writer.pieces, checks, parity_sequences(tokenizer, dims.vocab, context),
                                    _reference(torch_model, ell, adapter_module, vocab_map, drafter_model,
                                               drafter_vocab, head=head_module, head_vocab=head_vocab),
-                                   precision, context, dequantized=dequantized, attention=attention)
+                                   precision, context, dequantized=dequantized, attention=attention, matmul=matmul)
         for name, result in report.items():
             writer.set_parity(name, result)
         stages.update()
@@ -458,7 +468,7 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
             name=cfg.get("name", Path(out).name),
             model=ModelInfo(torch_model.config.model_type, dims, ell, tokenizer.bos_token_id, tuple(eos_ids)),
             graph=GraphInfo(flavour, opset, precision, OPSET_NOTES[opset],
-                            qspec.as_dict() if qspec is not None else None, attention),
+                            qspec.as_dict() if qspec is not None else None, attention, matmul),
             tokenizer=TokenizerInfo(tok_file, tuple(eos_ids), chat_format(tokenizer),
                                     getattr(tokenizer, "chat_template", None)),
             generation=read_record(GenerationDefaults, cfg["generation"], "recipe [generation]"),

@@ -69,7 +69,8 @@ def _compare(piece: OrtPiece, check: PieceCheck, ref: dict, seq: list[int], wors
 
 def run_checks(root: Path, manifest_pieces: dict[str, Piece], checks: list[PieceCheck], sequences: list[list[int]],
                reference: Callable[[list[int]], dict], precision: str, max_context: int,
-               dequantized: Callable[[list[int]], dict] | None = None, attention: str = "gqa") -> dict:
+               dequantized: Callable[[list[int]], dict] | None = None, attention: str = "gqa",
+               matmul: str = "mlas") -> dict:
     """Runs every piece on every sequence in two chunks (prefill, then continuation against the cache)
     and raises naming the piece when an output is off by more than the tolerance. `dequantized`: for
     int8/int4 pieces, the reference of PyTorch running the same rounded weights (see DEQUANT_TOLERANCE). A check
@@ -81,7 +82,7 @@ def run_checks(root: Path, manifest_pieces: dict[str, Piece], checks: list[Piece
         rounded = dequantized if piece_precision in DEQUANT_TOLERANCE else None
         spec = manifest_pieces[check.name]
         piece = OrtPiece(check.name, root / spec.file, spec, max_context, ["CPUExecutionProvider"], None,
-                         attention=attention)
+                         attention=attention, matmul=matmul)
         worst: dict[str, float] = {}
         worst_dq: dict[str, float] = {}
         top1: dict[str, list[int]] = {}  # output -> [agreeing positions, positions]

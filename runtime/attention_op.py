@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # the module itself loads no runtime: `specexport bench --hel
 
 DOMAIN = "specexport"
 OP_TYPE = "RowInvariantAttention"
+MATMUL_OP_TYPE = "RowInvariantMatMulNBits"  # native/row_matmul.cc, in the same library
 LIBRARY = "_row_attention"
 HOW_TO_BUILD = ("reinstall specexport where a C++ compiler is on the PATH (`make setup`, or `pip install .`),"
                 " or rebuild the bundle with --attention gqa")
@@ -60,6 +61,20 @@ def isa() -> str | None:
     lib = ctypes.CDLL(str(library_path()))
     lib.SpecexportAttentionIsa.restype = ctypes.c_char_p
     return lib.SpecexportAttentionIsa().decode()
+
+
+def matmul_isa() -> str | None:
+    """The vector path the matmul operator takes on this CPU (avx2 or portable), None without the library."""
+    if not available():
+        return None
+    lib = ctypes.CDLL(str(library_path()))
+    lib.SpecexportMatMulIsa.restype = ctypes.c_char_p
+    return lib.SpecexportMatMulIsa().decode()
+
+
+def needed(attention: str, matmul: str) -> bool:
+    """Whether pieces built with this attention and matmul use the library."""
+    return attention == "rowwise" or matmul == "rowwise"
 
 
 def register(options: ort.SessionOptions) -> None:

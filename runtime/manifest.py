@@ -102,9 +102,15 @@ class GraphInfo:
     # the `ort` pieces' attention: ONNX Runtime's GroupQueryAttention, or specexport's row-invariant operator
     # (runtime/attention_op.py), which the runtime must be able to load; manifests without it are `gqa`
     attention: Literal["gqa", "rowwise"] = "gqa"
+    # the int4/int8 `ort` pieces' weight matmuls: ONNX Runtime's MatMulNBits, or specexport's row-invariant
+    # operator in the same library; manifests without it are `mlas`
+    matmul: Literal["mlas", "rowwise"] = "mlas"
 
     def check(self, where: str) -> None:
         _at_least(self.opset, 1, f"{where}.opset")
+        if self.matmul == "rowwise" and (self.flavour != "ort" or self.precision not in ("int4", "int8")):
+            raise ManifestError(f"manifest field {where}.matmul is 'rowwise' in a {self.precision} {self.flavour!r}"
+                                " bundle; only int4 and int8 'ort' pieces have the operator")
         if self.attention == "rowwise" and self.flavour != "ort":
             raise ManifestError(f"manifest field {where}.attention is 'rowwise' in a {self.flavour!r}-flavour bundle;"
                                 " only 'ort' pieces have the operator")

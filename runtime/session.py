@@ -49,6 +49,10 @@ def _open_pieces(bundle: Bundle, backend: str, providers: list[str] | None,
         if attention == "rowwise" and attention_op.load_error() is not None:
             raise SpecExportError(f"bundle {bundle.root}'s pieces use specexport's row-invariant attention operator,"
                                   f" but {attention_op.load_error()}")
+        matmul = bundle.manifest.graph.matmul
+        if matmul == "rowwise" and attention_op.load_error() is not None:
+            raise SpecExportError(f"bundle {bundle.root}'s pieces use specexport's row-invariant matmul operator,"
+                                  f" but {attention_op.load_error()}")
         gpu = [p for p in providers or [] if p != "CPUExecutionProvider"]
         if attention == "rowwise" and gpu:
             raise SpecExportError(f"bundle {bundle.root}'s attention is specexport's CPU operator, which {gpu[0]}"
@@ -59,7 +63,7 @@ def _open_pieces(bundle: Bundle, backend: str, providers: list[str] | None,
             # a dict gives each piece its own count (PEARL runs the drafter and `deep` side by side)
             n = threads.get(name) if isinstance(threads, dict) else threads
             return OrtPiece(name, bundle.piece_path(name), bundle.pieces[name], bundle.max_context,
-                            providers or ["CPUExecutionProvider"], n, attention)
+                            providers or ["CPUExecutionProvider"], n, attention, matmul)
     elif backend == "tensorrt":
         from .backends.tensorrt import open_trt_piece
 

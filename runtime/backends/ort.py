@@ -35,13 +35,13 @@ def use_shared_thread_pool(threads: int | None = None) -> None:
         _shared_pool_threads = threads
 
 
-def session_options(threads: int | None = None, attention: str = "gqa") -> ort.SessionOptions:
-    """`attention` 'rowwise': the pieces use specexport's operator, registered here (runtime/attention_op.py);
-    it runs on the session's intra-op threads."""
+def session_options(threads: int | None = None, attention: str = "gqa", matmul: str = "mlas") -> ort.SessionOptions:
+    """`attention` or `matmul` 'rowwise': the pieces use specexport's operators, whose library is registered
+    here (runtime/attention_op.py); they run on the session's intra-op threads."""
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.log_severity_level = 3
-    if attention == "rowwise":
+    if attention_op.needed(attention, matmul):
         attention_op.register(opts)
     if _shared_pool_threads is not None:
         opts.use_per_session_threads = False
@@ -93,10 +93,10 @@ class OrtPiece:
     """
 
     def __init__(self, name: str, path: Path, spec: PieceSpec, max_context: int, providers: list[str],
-                 threads: int | None = None, attention: str = "gqa") -> None:
+                 threads: int | None = None, attention: str = "gqa", matmul: str = "mlas") -> None:
         self.name = name
         try:
-            self.session = ort.InferenceSession(str(path), session_options(threads, attention),
+            self.session = ort.InferenceSession(str(path), session_options(threads, attention, matmul),
                                                 providers=provider_list(providers, Path(path).parent))
         except Exception as exc:
             raise SpecExportError(f"ONNX Runtime could not load piece {name!r} from {path}: {exc}") from None

@@ -59,16 +59,16 @@ class BatchedPiece:
 
     def __init__(self, name: str, path: Path, spec: PieceSpec, max_context: int, max_rows: int,
                  threads: int | None = None, session: ort.InferenceSession | None = None,
-                 attention: str = "gqa") -> None:
+                 attention: str = "gqa", matmul: str = "mlas") -> None:
         """`session`: the piece as a Session already opened it (its weights are not loaded again, and the
         operator library was registered for it); the caches are this piece's own either way, one row per
-        request. `attention`: the bundle's `graph.attention`."""
+        request. `attention`, `matmul`: the bundle's `graph.attention` and `graph.matmul`."""
         self.name, self.max_context = name, max_context
         if session is None:
             try:
-                options = session_options(threads, attention)
+                options = session_options(threads, attention, matmul)
             except SpecExportError as exc:
-                raise SpecExportError(f"bundle piece {name!r} uses specexport's row-invariant attention operator,"
+                raise SpecExportError(f"bundle piece {name!r} uses specexport's row-invariant operators,"
                                       f" but {exc}") from None
             try:
                 session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])

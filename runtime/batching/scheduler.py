@@ -105,7 +105,7 @@ class BatchScheduler:
 
         def open_piece(name: str) -> BatchedPiece:
             return BatchedPiece(name, bundle.piece_path(name), bundle.pieces[name], bundle.max_context, max_batch,
-                                threads, opened_session(source, name), attention)
+                                threads, opened_session(source, name), attention, bundle.manifest.graph.matmul)
 
         def open_head(name: str) -> DraftHead | None:
             if name not in bundle.pieces:

@@ -1,0 +1,199 @@
+"""specexport.RowInvariantMatMulNBits (native/row_matmul.cc, exporter/row_matmul.py): the operator against a NumPy
+reference of its arithmetic and against ONNX Runtime's MatMulNBits, every row of a many-row call bit for bit that
+row's one-row call, the AVX2 path bit for bit the portable one, and tiny int4 and int8 bundles built with
+`--attention rowwise --matmul rowwise` whose every mode gives AR's tokens with no one-row padding."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+from specexport.exporter import quantize, row_matmul
+from specexport.exporter.build import build_bundle
+from specexport.runtime import attention_op, load
+from specexport.runtime.errors import SpecExportError
+
+from .conftest import make_noisy_drafter
+from .test_rowwise_bundles import PROMPTS, SYSTEMS
+
+pytestmark = pytest.mark.skipif(not attention_op.available(), reason="the operator library is not built")
+
+# (K, N, bits, block, symmetric): ragged K and N, every block size the kernels unroll, both zero-point forms
+SHAPES = [(64, 24, 4, 32, False), (100, 13, 8, 64, False), (300, 21, 4, 128, True), (96, 40, 8, 32, True),
+          (512, 16, 4, 256, False), (70, 9, 8, 256, False)]
+
+
+def nbits_model(k: int, n: int, bits: int, block: int, symmetric: bool, seed: int = 0):
+    """A one-node MatMulNBits model of random weights quantized as the exporter does, and the packed weight."""
+    w = np.random.default_rng(seed).standard_normal((k, n)).astype(np.float32)
+    pw = quantize.quantize_weight(w, quantize.QuantSpec(bits=bits, block_size=block, symmetric=symmetric,
+                                                        search=False))
+    inits = [numpy_helper.from_array(pw.packed, "B"), numpy_helper.from_array(pw.scales, "S")]
+    if pw.zero_points is not None:
+        inits.append(numpy_helper.from_array(pw.zero_points, "Z"))
+    node = helper.make_node("MatMulNBits", ["A", *(t.name for t in inits)], ["Y"], domain="com.microsoft", K=k, N=n,
+                            bits=bits, block_size=block, accuracy_level=4)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, None)],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], inits)
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets), pw
+
+
+def open_model(model, threads: int = 1, isa: str | None = None) -> ort.InferenceSession:
+    """A session on `model`; `isa` 'portable' forces the operator's portable path (read when its kernel is made)."""
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    attention_op.register(opts)
+    old = os.environ.pop("SPECEXPORT_MATMUL_ISA", None)
+    if isa is not None:
+        os.environ["SPECEXPORT_MATMUL_ISA"] = isa
+    try:
+        return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    finally:
+        os.environ.pop("SPECEXPORT_MATMUL_ISA", None)
+        if old is not None:
+            os.environ["SPECEXPORT_MATMUL_ISA"] = old
+
+
+def rowwise(model):
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    assert row_matmul.use_rowwise(out) == 1
+    return out
+
+
+def reference(a: np.ndarray, pw: quantize.PackedWeight, bits: int, block: int) -> np.ndarray:
+    """The operator's arithmetic in NumPy: activations to int8 codes per block, exact integer block dot
+    products with the weight codes less zero point * code sum, a float32 sum over blocks in block order."""
+    m, k = a.shape
+    blocks = -(-k // block)
+    padded = np.zeros((m, blocks * block), np.float32)
+    padded[:, :k] = a
+    padded = padded.reshape(m, blocks, block)
+    scale = (np.abs(padded).max(-1) / np.float32(127)).astype(np.float32)
+    inv = np.where(scale > 0, np.float32(1) / np.where(scale > 0, scale, 1), 0).astype(np.float32)
+    q = np.clip(np.rint(padded * inv[..., None]), -127, 127).astype(np.int64)
+    codes = quantize._unpack(pw.packed, bits, block).astype(np.int64)  # [N, blocks, block]
+    if pw.zero_points is None:
+        zero = np.full((pw.n, blocks), 1 << (bits - 1), np.int64)
+    else:
+        zero = quantize._unpack(pw.zero_points.reshape(pw.n, -1), bits, blocks).astype(np.int64)
+    dots = np.einsum("mbk,nbk->mnb", q, codes) - zero[None] * q.sum(-1)[:, None, :]
+    wscale = pw.scales.reshape(pw.n, blocks)
+    acc = np.zeros((m, pw.n), np.float32)
+    for b in range(blocks):  # float64 holds the product exactly: one rounding, as a fused multiply-add
+        s = (scale[:, b:b + 1] * wscale[None, :, b]).astype(np.float32)
+        acc = (dots[..., b].astype(np.float64) * s + acc).astype(np.float32)
+    return acc
+
+
+@pytest.mark.parametrize("k,n,bits,block,symmetric", SHAPES)
+def test_the_operator_computes_its_arithmetic_and_matmulnbits_result(k, n, bits, block, symmetric):
+    model, pw = nbits_model(k, n, bits, block, symmetric)
+    a = np.random.default_rng(1).standard_normal((7, k)).astype(np.float32)
+    a[3] = 0.0  # an all-zero row: scale 0, no division by it
+    ours = open_model(rowwise(model)).run(None, {"A": a})[0]
+    np.testing.assert_allclose(ours, reference(a, pw, bits, block), rtol=1e-5, atol=1e-5)
+    mlas = open_model(model).run(None, {"A": a})[0]
+    # both quantize the activations to int8 per block: they differ by rounding, far below quantization error
+    exact = a @ quantize.dequantize(pw, bits, block)
+    assert np.abs(ours - mlas).max() <= 1e-3 * np.abs(exact).max()
+    assert np.abs(ours - exact).max() <= 0.05 * np.abs(exact).max()
+    assert not ours[3].any()
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(shape=st.sampled_from(SHAPES[:4]), rows=st.integers(1, 32), batch=st.sampled_from([(), (1,), (2,), (3, 1)]),
+       threads=st.sampled_from([1, 2]), seed=st.integers(0, 2**16))
+def test_each_row_is_that_row_computed_alone(shape, rows, batch, threads, seed):
+    k, n = shape[:2]
+    session = open_model(rowwise(nbits_model(*shape)[0]), threads)
+    a = (np.random.default_rng(seed).standard_normal((*batch, rows, k)) * 3).astype(np.float32)
+    whole = session.run(None, {"A": a})[0]
+    assert whole.shape == (*batch, rows, n)
+    flat_a, flat = a.reshape(-1, k), whole.reshape(-1, n)
+    for r in range(flat_a.shape[0]):
+        alone = session.run(None, {"A": flat_a[r:r + 1]})[0]
+        np.testing.assert_array_equal(alone[0], flat[r], err_msg=f"row {r} of {flat_a.shape[0]}")
+
+
+def test_the_avx2_path_gives_the_portable_paths_bits():
+    if attention_op.matmul_isa() != "avx2":
+        pytest.skip("this CPU takes the portable path only")
+    for shape in SHAPES:
+        model = rowwise(nbits_model(*shape, seed=3)[0])
+        fast, portable = open_model(model, 2), open_model(model, 1, isa="portable")
+        for rows in (1, 2, 3, 5, 8, 13):
+            a = (np.random.default_rng(rows).standard_normal((rows, shape[0])) * 2).astype(np.float32)
+            np.testing.assert_array_equal(fast.run(None, {"A": a})[0], portable.run(None, {"A": a})[0],
+                                          err_msg=f"{shape}, {rows} rows")
+
+
+def test_the_rewrite_and_its_refusals(monkeypatch):
+    model, _ = nbits_model(64, 24, 4, 32, False)
+    out = rowwise(model)
+    node = out.graph.node[0]
+    assert (node.op_type, node.domain) == (attention_op.MATMUL_OP_TYPE, attention_op.DOMAIN)
+    assert {t.name for t in out.graph.initializer} == set(node.input[1:])  # MatMulNBits's weights are gone
+    assert any(o.domain == attention_op.DOMAIN for o in out.opset_import)
+    row_matmul.check_choice("mlas", "standard", "fp16", (16,))  # nothing to check
+    for args, words in [(("fast", "ort", "int4", (32,)), "unknown matmul 'fast'"),
+                        (("rowwise", "ort", "fp32", ()), "replaces the int4/int8 'ort' pieces' MatMulNBits"),
+                        (("rowwise", "standard", "int4", (32,)), "replaces the int4/int8"),
+                        (("rowwise", "ort", "int4", (32, 16)), "blocks of 32 to 256 values.*blocks of 16")]:
+        with pytest.raises(SpecExportError, match=words):
+            row_matmul.check_choice(*args)
+    monkeypatch.setattr(attention_op, "load_error", lambda: "specexport was installed without its attention operator")
+    with pytest.raises(SpecExportError, match="needs the operator to check the pieces, but specexport was installed"):
+        row_matmul.check_choice("rowwise", "ort", "int8", (64,))
+
+
+@pytest.fixture(scope="module")
+def rowwise_mm_bundle(tmp_path_factory, tiny_checkpoint):
+    """precision -> a tiny bundle with both rowwise operators, an untrained adapter and a noisy drafter."""
+    root = tmp_path_factory.mktemp("rowwise-matmul")
+    drafter = make_noisy_drafter(tiny_checkpoint, root / "drafter")
+    built = {}
+
+    def build(precision: str):
+        if precision not in built:
+            build_bundle(root / precision, model=str(tiny_checkpoint), drafter=str(drafter), adapter="untrained",
+                         exit_layer=2, context=256, flavour="ort", precision=precision, attention="rowwise",
+                         matmul="rowwise", drafting_precision="int8" if precision == "int4" else None)
+            built[precision] = root / precision
+        return built[precision]
+
+    return build
+
+
+@pytest.mark.parametrize("precision", ["int4", "int8"])
+def test_bundles_with_both_operators_decode_as_ar_without_padding(rowwise_mm_bundle, precision):
+    session = load(rowwise_mm_bundle(precision))
+    assert session.bundle.manifest.graph.matmul == "rowwise"
+    for name, spec in session.bundle.manifest.pieces.items():
+        ops = {n.op_type for n in onnx.load(str(session.bundle.root / spec.file), load_external_data=False).graph.node}
+        assert attention_op.MATMUL_OP_TYPE in ops and "MatMulNBits" not in ops, name
+    assert session.one_row_calls == "none"  # the load-time probe found one-row calls rounding as rows of many
+    drafted = 0
+    for prompt in PROMPTS:
+        ar = session.generate(prompt, max_new_tokens=48, mode="ar")
+        assert len(ar.tokens) > 10
+        for system, opts in SYSTEMS.items():
+            out = session.generate(prompt, max_new_tokens=48, **opts)
+            assert out.tokens == ar.tokens, (precision, system, prompt)
+            drafted += out.stats.drafted
+    assert drafted > 0
+
+
+def test_load_refuses_a_rowwise_matmul_bundle_without_the_library(rowwise_mm_bundle, monkeypatch):
+    root = rowwise_mm_bundle("int8")
+    monkeypatch.setattr(attention_op, "load_error", lambda: "specexport was installed without its attention operator")
+    with pytest.raises(SpecExportError, match=r"row-invariant (attention|matmul) operator") as err:
+        load(root)
+    assert str(err.value).count(". ") == 0
