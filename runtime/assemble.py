@@ -57,11 +57,12 @@ def decoder(ctx: DecodeContext, plan: Plan, ids: list[int], params: SamplingPara
     if plan.tree is not None:
         grower = HeadTreeDrafter if plan.mode == "head" else TreeDrafter
         return speculative(pieces, grower(pieces, plan.tree, context), draft_policy(ctx, plan), ids, params, rng,
-                           stats, context)
+                           stats, context, full_trees=ctx.trees_in_full)
     if plan.schedule == "pearl":  # the drafter on a thread of its own beside the target (pearl.py)
         return pearl_loop(pieces, plan.mode, lambda: draft_policy(ctx, plan), ids, params, rng, stats, context)
     return speculative(pieces, DRAFTERS[plan.mode](ctx, plan, stats), draft_policy(ctx, plan), ids, params, rng,
-                       stats, context, accept=make_verify(plan.verify, plan.beta, plan.tau))
+                       stats, context, accept=make_verify(plan.verify, plan.beta, plan.tau),
+                       full_trees=ctx.trees_in_full)
 
 
 def draft_policy(ctx: DecodeContext, plan: Plan) -> DraftPolicy:

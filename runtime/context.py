@@ -24,13 +24,14 @@ class DecodeContext:
     precision: str
     speculative: SpeculativeDefaults
     auto_trees: dict[str, TreeShape]
+    trees_in_full: bool = False  # a tree step keeps its whole accepted branch (tree.trees_in_full)
     costs: dict[tuple[str, int], CostModel] = field(default_factory=dict)  # measured when first asked for
     auto_memory: dict[tuple[str, ...], AutoMemory] = field(default_factory=dict)  # per set of auto's choices
 
     @classmethod
     def of(cls, pieces: Pieces, root: Path, max_context: int, precision: str,
-           speculative: SpeculativeDefaults) -> DecodeContext:
-        return cls(pieces, root, max_context, precision, speculative, parse_auto_trees(speculative))
+           speculative: SpeculativeDefaults, trees_in_full: bool = False) -> DecodeContext:
+        return cls(pieces, root, max_context, precision, speculative, parse_auto_trees(speculative), trees_in_full)
 
     def cost_model(self, mode: str, gamma_max: int) -> CostModel:
         """The goodput policy's cost model for `mode`: the pieces timed once, on first use (a fraction of a

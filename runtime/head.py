@@ -33,11 +33,19 @@ class FeatureTap(WrappedPiece):
     def __init__(self, piece) -> None:
         super().__init__(piece)
         self.features: np.ndarray | None = None
+        self.start = 0  # the position of the features' first row
 
     def run(self, x, start: int, keep: int = 1, tree=None, **kw) -> dict:
         out = self.piece.run(x, start, keep, tree, **kw)
-        self.features = out["features"]
+        self.features, self.start = out["features"], start
         return out
+
+    def move_slots(self, src: list[int], dst: list[int]) -> None:
+        """The caches' slots move, and the last call's feature rows with them, which the head reads as the
+        states of the positions the rows now stand for."""
+        self.piece.move_slots(src, dst)
+        rows = self.features[:, [s - self.start for s in src]]
+        self.features[:, [d - self.start for d in dst]] = rows
 
 
 class HeadState:
@@ -107,7 +115,7 @@ class HeadTreeDrafter:
     level by level from the likeliest leaves, each expansion one head call over the frontier with a tree mask.
     A node's slot reads its parent's head state and its own token, at the position its token's parent holds;
     slots before the step's are the target-fed ones every node sees. Prompt lookup's continuation joins as
-    one more branch. Rows off the tree's leading chain are not final (runtime/tree.settle): the next step
+    one more branch. Where rows off the tree's leading chain are not final (runtime/tree.settle), the next step
     drafts afresh from the head rather than carrying them as a trunk."""
 
     name = "head-tree"

@@ -27,6 +27,7 @@ from .row_padding import TwoRowCalls, pad_if_needed
 from .sampling import SamplingParams
 from .stats import Stats
 from .text import Detokenizer, TextCodec, check_prompt_fits
+from .tree import trees_in_full
 
 BACKENDS = ("onnxruntime", "tensorrt")
 
@@ -108,7 +109,7 @@ class Session:
         self.speculative = bundle.manifest.speculative
         # what the decoder reads: the pieces and what the session learns across requests (context.py)
         self.context = DecodeContext.of(pieces, bundle.root, bundle.max_context, bundle.manifest.precision,
-                                        self.speculative)
+                                        self.speculative, trees_in_full(bundle.manifest.graph.attention, pieces))
         # a verification call's most tokens: a TensorRT engine's widest profile; ONNX Runtime, the context
         self.limits = Limits(bundle.max_context, getattr(pieces.deep, "keep_max", None) or bundle.max_context - 1)
         self._turn = threading.Lock()  # one request at a time on the pieces' caches

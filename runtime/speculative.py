@@ -8,7 +8,9 @@ never run twice on a token; for other drafters one shallow call makes them), and
 prefix plus the target's own next token. Caches are rolled back by moving the position: nothing is
 copied or cleared. A draft may be a token tree (runtime/tree.py, greedy): the same calls then take a
 tree mask; the target's branch through the tree is final as far as rows computed exactly like AR's
-decide it, and the tree drafter verifies the rest again in the next step (`settle`).
+decide it, and the tree drafter verifies the rest again in the next step (`settle`). With `full_trees`
+every row is, so the whole branch is final, and its cache entries are the one thing ever copied: they
+move from the tree's slots to consecutive ones (`tree.lay_out_branch`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from .drafters import Draft, Drafter
 from .policies import DraftPolicy
 from .sampling import SamplingParams, pick, probabilities, sample
 from .stats import Stats
-from .tree import settle, tree_depth
+from .tree import lay_out_branch, settle_branch, tree_depth
 
 
 def judge(draft: int, q: np.ndarray | None, logits: np.ndarray, params: SamplingParams,
@@ -57,8 +59,9 @@ def verify(drafts: list[int], qs: list[np.ndarray] | None, logits: np.ndarray, p
 
 def speculative(pieces: Pieces, drafter: Drafter, policy: DraftPolicy, prompt: list[int], params: SamplingParams,
                 rng: np.random.Generator, stats: Stats, max_context: int,
-                accept: Callable = verify) -> Iterator[list[int]]:
-    """Draft, verify with one deep call, keep what the target accepts; yields the new final tokens."""
+                accept: Callable = verify, full_trees: bool = False) -> Iterator[list[int]]:
+    """Draft, verify with one deep call, keep what the target accepts; yields the new final tokens.
+    `full_trees`: a tree's whole accepted branch is final (`tree.trees_in_full` says when it may be)."""
     hidden, logits = prefill(pieces, prompt, stats)
     drafter.start(prompt, hidden)
     history = [*prompt, pick(logits[0, -1], params, rng)]
@@ -77,7 +80,10 @@ def speculative(pieces: Pieces, drafter: Drafter, policy: DraftPolicy, prompt: l
         if tree is None:
             new = accept(draft.tokens, draft.qs, logits, params, rng)
         else:  # greedy: the target's branch through the tree, as far as rows computed as AR's decide it
-            new = settle(draft, logits)
+            new, rows = settle_branch(draft, logits, full_trees)
+            if rows[-1] != len(rows) - 1:  # the branch leaves the leading chain: laid out as its chain
+                lay_out_branch(pieces, pos, rows)
+                hidden = hidden[:, rows]  # the drafters read the final positions' rows
         t2 = time.perf_counter()
         drafter.advance(hidden, pos, len(new))
         policy.observe(len(draft.tokens), len(new) - 1, t1 - t0, t2 - t1)

@@ -10,9 +10,10 @@ never likelier than its parent, so they hang together). Two floors on the drafte
 branch can shrink that: KEEP, below which a token is not verified, and EXPAND, below which a branch is
 not extended; a step where nothing is likely enough is a plain one-token step. shallow and deep then
 read the whole tree in one call each and the target's greedy token is followed down from the root.
-Only rows laid out as a sequence are computed bit for bit as AR computes them, so the branch is final
-only that far; the rest leads the next step's tree as a chain, its trunk, and is verified again there
-(`settle`).
+With the rowwise attention operator every row is computed bit for bit as AR computes its branch laid out as
+a chain, so the whole branch is final and its cache entries move to consecutive slots (`trees_in_full`).
+With GroupQueryAttention only rows laid out as a sequence are, so the branch is final only that far; the
+rest leads the next step's tree as a chain, its trunk, and is verified again there (`settle`).
 Prompt lookup's continuation joins the tree as one more branch when the text so far repeats.
 Greedy only: the output is exactly the target's greedy output. On a GPU a verify call costs about the
 same for 1 or 64 tokens; on a CPU it does not (BENCHMARKS.md), so the node budget matters there.
@@ -265,25 +266,52 @@ def tree_depth(parents: list[int]) -> int:
     return max(depths)
 
 
-def settle(draft: Draft, logits: np.ndarray) -> list[int]:
-    """After a tree's verify call: the target's tokens along its branch, as far as rows computed exactly as
-    AR computes them decide them; the rest of the branch goes in `draft.ahead`.
+def settle(draft: Draft, logits: np.ndarray, full: bool = False) -> list[int]:
+    """`settle_branch`'s final tokens alone."""
+    return settle_branch(draft, logits, full)[0]
 
-    A row is computed as AR computes it when its token and every ancestor sit at the slots a sequence
-    would give them, with nothing masked between: the tree's leading chain of slots (the trunk and the
-    first child of its end). Any other row sums over masked slots, so its attention adds the same terms
-    in other places of the kernel's vector lanes; the last bits differ, and with int8 activations
-    (MatMulNBits, accuracy level 4) such a bit can move an argmax after a few layers. Tokens those rows
-    choose are therefore not final: the next tree verifies them again as its trunk, where the cache
-    entries they write are AR's too. So no kept slot is ever moved, and the output is AR's, bit for bit."""
+
+def settle_branch(draft: Draft, logits: np.ndarray, full: bool = False) -> tuple[list[int], list[int]]:
+    """After a tree's verify call: (the target's final tokens along its branch, the tree rows they follow). The
+    rows are the branch's nodes from the root, one per final token; the tokens are those nodes' drafts after
+    the root, then the token the last node's row chose. The rest of the branch, if any, goes in `draft.ahead`.
+
+    `full` (`trees_in_full`): every row is computed as AR computes the same tokens laid out as a chain, so the
+    whole branch is final; the caller then moves the rows' cache entries to consecutive slots.
+
+    Otherwise only the tree's leading chain of slots (the trunk and the first child of its end) is computed as
+    AR computes it. Any other row sums over masked slots, so its attention (GroupQueryAttention) adds the same
+    terms in other places of the kernel's vector lanes; the last bits differ, and with int8 activations
+    (MatMulNBits, accuracy level 4) such a bit can move an argmax after a few layers. Tokens those rows choose
+    are therefore not final: the next tree verifies them again as its trunk, where the cache entries they
+    write are AR's too. So no kept slot is ever moved (the rows returned are 0, 1, ...), and the output is
+    AR's, bit for bit."""
     tokens = [-1, *draft.tokens]
     path, target = walk(tokens, draft.parents, logits)
-    chain = 1
-    while chain < len(tokens) and draft.parents[chain] == chain - 1:
-        chain += 1
-    exact = 1  # rows path[:exact] sit in the leading chain
-    while exact < len(path) and path[exact] < chain:
-        exact += 1
     decided = [*(tokens[i] for i in path[1:]), target]  # decided[i]: the token row path[i] chose
+    exact = len(path)
+    if not full:
+        chain = 1
+        while chain < len(tokens) and draft.parents[chain] == chain - 1:
+            chain += 1
+        exact = 1  # rows path[:exact] sit in the leading chain
+        while exact < len(path) and path[exact] < chain:
+            exact += 1
     draft.ahead = decided[exact:]
-    return decided[:exact]
+    return decided[:exact], path[:exact]
+
+
+def trees_in_full(attention: str, pieces: Pieces) -> bool:
+    """Whether a tree step keeps its whole accepted branch: the bundle's attention computes each row alone, in
+    slot order with masked slots skipped (`rowwise`), so a branch's rows are its chain's bit for bit, and the
+    output path's pieces can move their cache slots to lay the branch out as that chain (host caches)."""
+    return attention == "rowwise" and all(getattr(p, "moves_slots", False) for p in (pieces.shallow, pieces.deep))
+
+
+def lay_out_branch(pieces: Pieces, pos: int, rows: list[int]) -> None:
+    """The caches of the pieces a verify call ran (shallow, deep) hold the tree's rows at slots pos + row: the
+    final ones move to pos, pos + 1, ..., where AR would have written them."""
+    src = [pos + r for r in rows]
+    dst = list(range(pos, pos + len(rows)))
+    for piece in (pieces.shallow, pieces.deep):
+        piece.move_slots(src, dst)

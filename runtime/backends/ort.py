@@ -230,6 +230,25 @@ class OrtPiece:
                 arrays.reverse()
         return results
 
+    @property
+    def moves_slots(self) -> bool:
+        """Whether `move_slots` can run: the caches are host memory (a GPU provider's are not moved)."""
+        return self.device is None
+
+    def move_slots(self, src: list[int], dst: list[int]) -> None:
+        """Copy every cache's entries at slots `src` to slots `dst` (a token tree's accepted branch laid out as
+        a chain). The cache the next call reads is the one moved: the only buffer in shared mode, the last
+        call's present in swap mode; a slot that is its own destination is left alone."""
+        if self.device is not None:
+            raise SpecExportError(f"piece {self.name!r} keeps its caches on {self.device}, where slots are not moved")
+        pairs = [(s, d) for s, d in zip(src, dst, strict=True) if s != d]
+        if not pairs:
+            return
+        src_idx, dst_idx = (np.array(p, dtype=np.int64) for p in zip(*pairs, strict=True))
+        for arrays, shape in zip(self._arrays, self._shapes, strict=True):
+            cache = view(arrays[0], shape, self._buckets.size) if self._buckets is not None else arrays[0]
+            cache[:, :, dst_idx] = cache[:, :, src_idx]  # the right side is a copy: overlapping slots are safe
+
     # -- on a GPU execution provider (ort_device.py) ---------------------------------------------------------
 
     def _init_device(self) -> None:
