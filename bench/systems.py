@@ -95,7 +95,7 @@ class SpecExportSystem(System):
         self.label = "specexport AR" if mode == "ar" else " · ".join([f"specexport {mode}", *variant])
         self.precision = session.bundle.manifest.precision
         self.note = note or (f"ONNX Runtime, intra-op threads: {threads}" if threads else "ONNX Runtime")
-        self.note += f"; one-token calls padded: {session.one_row_calls}"
+        self.note += f"; one-token calls {session.one_row_calls_note}"
 
     def options(self) -> dict:
         """The session options this system runs with (but the length)."""

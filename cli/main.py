@@ -66,7 +66,8 @@ def main() -> None:
 @click.option("--attention", type=click.Choice(["gqa", "rowwise"]), default=None,
               help="The 'ort' pieces' attention: 'gqa' is ONNX Runtime's GroupQueryAttention (any provider);"
               " 'rowwise' is specexport's CPU operator, built with the package, which computes every row alone so"
-              " one-token calls need no copied row. Default: the recipe's (gqa).")
+              " one-token calls need no copied row, token trees stay exact and int8/int4 bundles batch (CPU only)."
+              " Default: rowwise where the package was installed with the operator, else gqa.")
 @click.option("--matmul", type=click.Choice(["mlas", "rowwise"]), default=None,
               help="The int8/int4 'ort' pieces' weight matmuls: 'mlas' is ONNX Runtime's MatMulNBits; 'rowwise' is"
               " specexport's CPU operator (in the attention operator's library), which computes every row alone so"
@@ -343,6 +344,8 @@ def generate(prompt, bundle, max_new_tokens, mode, temperature, top_k, top_p, se
         click.echo()
     if stats or not as_json:
         click.echo(request.stats.summary(), err=True)
+    if stats:
+        click.echo(f"one-token calls are {session.one_row_calls_note}", err=True)
 
 
 @main.command()

@@ -230,7 +230,7 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
     `head`: the feature-level draft head: 'auto' (the recipe's shipped head when it was trained for this
     target, else none), 'none', 'untrained' (tests only) or a `specexport train-head` directory.
     `attention`: the `ort` pieces' attention operator, 'gqa' or 'rowwise' (exporter/row_attention.py; default:
-    the recipe's [export] attention for the `ort` flavour, else gqa).
+    the recipe's [export] attention, else rowwise for the `ort` flavour where the operator is built, else gqa).
     `matmul`: the int8/int4 `ort` pieces' weight matmuls, 'mlas' or 'rowwise' (exporter/row_matmul.py; default:
     the recipe's [export] matmul, else mlas)."""
     _check_precision(precision, flavour, backend, target)
@@ -258,8 +258,9 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
     kv_choice = exp.get("quantize", {}).get("kv_cache", "float")
     kv_cache.check_choice(kv_choice, flavour, precision)  # int8 only with int8/int4 weights, so qspec is set
     kv_int8 = kv_choice == "int8"
-    attention = attention or (exp.get("attention", "gqa") if flavour == "ort" else "gqa")
-    row_attention.check_choice(attention, flavour, precision, kv_choice)
+    attention, fallback = row_attention.choose(attention or exp.get("attention"), flavour, precision, kv_choice)
+    if fallback:
+        print(f"note: {fallback}", file=sys.stderr)
     rowwise = attention == "rowwise"  # its one-row calls round as rows of many: no copied row
     matmul = matmul or exp.get("matmul", "mlas")
     row_matmul.check_choice(matmul, flavour, precision, _block_sizes(qspec, draft_spec))
@@ -329,6 +330,7 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
         stages.update()
         weights = extract(torch_model, context)
         dims = weights.dims
+        row_attention.check_head_size(attention, flavour, dims.head_dim)
         ell = int(exp.get("exit_layer", 2))
         if not 1 <= ell <= dims.layers - 1:
             raise SpecExportError(f"exit layer {ell} is outside 1..{dims.layers - 1} for this"

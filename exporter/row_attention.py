@@ -3,12 +3,17 @@ row-invariant operator (`rowwise`, native/row_attention.cc).
 
 The rowwise operator takes GroupQueryAttention's inputs in GroupQueryAttention's order (packed or separate
 q/k/v, the in-place cache, seqlens_k, the rotary tables, position_ids, the attention bias) and computes each
-output row alone, so a one-row call needs no copied row (exporter/multirow.py) and a head size over 128 no
-split at a length boundary (runtime/attention_rounding.py). The pieces are built as for `gqa` and each
+output row alone, so a one-row call needs no copied row (exporter/multirow.py) and a head size over 128 rounds
+a row alike at any call length. The pieces are built as for `gqa` and each
 GroupQueryAttention node is then renamed into the operator; nothing else of the graph changes.
 
-It is a CPU kernel: a bundle meant for a GPU provider keeps GroupQueryAttention (`gqa`), and the `standard`
-flavour has no GroupQueryAttention to replace.
+It is the `ort` flavour's default wherever the package was installed with it (`choose`): rows computed alone
+keep every row of a token tree exact and let int8/int4 bundles batch, and a whole decode measured faster with it
+than with GroupQueryAttention at fp32 and int4 (BENCHMARKS.md, "AR and `auto` beside ONNX Runtime GenAI").
+Where the library is missing the build falls back to `gqa` and says so. It is a CPU kernel: a bundle meant for a
+GPU provider is built with `--attention gqa`, and the `standard` flavour has no GroupQueryAttention to replace.
+GroupQueryAttention is refused for heads wider than 128 (Gemma 3's 256): its CPU kernel rounds such rows by the
+call's total length, which no lossless schedule can follow.
 """
 
 from __future__ import annotations
@@ -40,6 +45,28 @@ def check_choice(attention: str, flavour: str, precision: str, kv_cache: str) ->
     error = attention_op.load_error()
     if error is not None:
         raise SpecExportError(f"--attention rowwise needs the operator to check the pieces, but {error}")
+
+
+def choose(asked: str | None, flavour: str, precision: str, kv_cache: str) -> tuple[str, str | None]:
+    """The build's attention: `asked` (checked), else `rowwise` for the `ort` flavour's float caches where the
+    operator loads, else `gqa`; and, where the default fell back for want of the library, one sentence why."""
+    if asked is not None:
+        check_choice(asked, flavour, precision, kv_cache)
+        return asked, None
+    if flavour != "ort" or precision == "fp16" or kv_cache != "float":
+        return "gqa", None
+    error = attention_op.load_error()
+    if error is None:
+        return "rowwise", None
+    return "gqa", f"building with ONNX Runtime's GroupQueryAttention (--attention gqa): {error}"
+
+
+def check_head_size(attention: str, flavour: str, head_dim: int) -> None:
+    """Refuses GroupQueryAttention where its CPU rows would round by the call's length (heads over 128 wide)."""
+    if flavour == "ort" and attention == "gqa" and head_dim > attention_op.WIDEST_GQA_HEAD:
+        raise SpecExportError(f"this model's attention heads are {head_dim} wide, where ONNX Runtime's"
+                              " GroupQueryAttention rounds a row by its call's length and speculation would leave"
+                              " AR's output; build with --attention rowwise (the operator is built by `make setup`)")
 
 
 def use_rowwise(model: onnx.ModelProto) -> int:

@@ -23,6 +23,7 @@ DOMAIN = "specexport"
 OP_TYPE = "RowInvariantAttention"
 MATMUL_OP_TYPE = "RowInvariantMatMulNBits"  # native/row_matmul.cc, in the same library
 LIBRARY = "_row_attention"
+WIDEST_GQA_HEAD = 128  # above: GroupQueryAttention's CPU kernel rounds a row by its call's total length
 HOW_TO_BUILD = ("reinstall specexport where a C++ compiler is on the PATH (`make setup`, or `pip install .`),"
                 " or rebuild the bundle with --attention gqa")
 

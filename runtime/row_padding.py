@@ -21,6 +21,14 @@ from .decode import Pieces, ids_array
 
 PROBE_TOKENS = 6
 
+# Session.one_row_calls, in the words a report gives it
+ONE_ROW_CALLS = {
+    "graph": "run as two rows by the pieces' graphs (every op)",
+    "attention": "given a copied row for attention by the pieces' graphs; this CPU rounds the rest alike",
+    "session": "run as two rows by the session: this CPU rounds a one-row call otherwise than a row of many",
+    "none": "run as one row: this CPU rounds them as rows of a verification call",
+}
+
 
 def probe_ids(vocab: int) -> list[int]:
     # unremarkable ids spread over the vocabulary: the kernels' paths depend on shapes, not values

@@ -7,7 +7,6 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import numpy as np
 
 from . import attention_op
 from .assemble import decoder
-from .attention_rounding import SplitAtBoundary, flash_attention_off, length_sensitive
+from .backends.common import WrappedPiece
 from .bundle import Bundle, load_bundle
 from .context import DecodeContext
 from .decode import Pieces, emitted
@@ -23,7 +22,7 @@ from .errors import SpecExportError
 from .head import FeatureTap
 from .options import Limits, Options, make_options
 from .plan import Capabilities, Plan, make_plan
-from .row_padding import TwoRowCalls, pad_if_needed
+from .row_padding import ONE_ROW_CALLS, TwoRowCalls, pad_if_needed
 from .sampling import SamplingParams
 from .stats import Stats
 from .text import Detokenizer, TextCodec, check_prompt_fits
@@ -73,22 +72,18 @@ def _open_pieces(bundle: Bundle, backend: str, providers: list[str] | None,
     else:
         raise SpecExportError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
     dims = bundle.manifest.model.dims
-    # (the rowwise operator rounds a row alike at any length)
-    sensitive = (backend == "onnxruntime" and attention == "gqa"
-                 and length_sensitive(bundle.manifest.graph.flavour, dims.head_dim))
-    opened = {}
-    for name in bundle.pieces:  # shallow's and deep's attention may round by length (attention_rounding.py)
-        with flash_attention_off() if sensitive and name in ("shallow", "deep") else nullcontext():
-            opened[name] = open_piece(name)
+    on_cpu = not any(p != "CPUExecutionProvider" for p in providers or [])
+    if backend == "onnxruntime" and attention == "gqa" and bundle.manifest.graph.flavour == "ort" \
+            and dims.head_dim > attention_op.WIDEST_GQA_HEAD and on_cpu:
+        raise SpecExportError(f"bundle {bundle.root}'s GroupQueryAttention has {dims.head_dim}-wide heads, whose rows"
+                              " ONNX Runtime's CPU kernel rounds by the call's length, so speculation would leave AR's"
+                              " output; rebuild the bundle with --attention rowwise")
+    opened = {name: open_piece(name) for name in bundle.pieces}
     pieces = Pieces(**opened, draft_vocab=bundle.draft_vocab("adapter"), drafter_vocab=bundle.draft_vocab("drafter"),
                     head_vocab=bundle.draft_vocab("head"), vocab_size=dims.vocab)
     min_rows = min(bundle.pieces["shallow"].min_rows, bundle.pieces["deep"].min_rows)
     # one-row calls must round as verification rows on this machine, or the session pads them itself
-    padded = pad_if_needed(pieces, dims.vocab, min_rows, bundle.max_context)
-    if sensitive and pieces.deep.device is None:  # (a GPU provider's attention is not ONNX Runtime's CPU kernel)
-        copy = padded or bundle.pieces["deep"].one_row_padding != "none"
-        pieces.shallow = SplitAtBoundary(pieces.shallow, copy)
-        pieces.deep = SplitAtBoundary(pieces.deep, copy)
+    pad_if_needed(pieces, dims.vocab, min_rows, bundle.max_context)
     if pieces.head is not None:  # the head drafts from the target states of deep's calls (runtime/head.py)
         pieces.deep = FeatureTap(pieces.deep)
     return pieces
@@ -124,7 +119,7 @@ class Session:
         a one-row call as a row of many), `session` (they do not round alike here: the session runs such
         calls as two rows), or `none` (a bundle built to pad nothing, whose calls round alike here)."""
         piece = self.pieces.deep
-        while isinstance(piece, SplitAtBoundary):
+        while not isinstance(piece, TwoRowCalls) and isinstance(piece, WrappedPiece):  # the head's tap wraps it
             piece = piece.piece
         if isinstance(piece, TwoRowCalls):
             return "session"
@@ -132,6 +127,11 @@ class Session:
         if spec.min_rows >= 2:
             return "graph"
         return "none" if spec.one_row_padding == "none" else "attention"
+
+    @property
+    def one_row_calls_note(self) -> str:
+        """`one_row_calls` in plain words, for reports: 'one-token calls are ...'."""
+        return ONE_ROW_CALLS[self.one_row_calls]
 
     def options(self, **overrides) -> Options:
         """The bundle's generation defaults with `overrides` (None: keep the default), checked alone, together

@@ -92,18 +92,20 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_bundles(tmp_path_factory, tiny_checkpoint):
-    """build(flavour, exit_layer) -> bundle path, memoised for the session."""
+    """build(flavour, exit_layer, ...) -> bundle path, memoised for the session. `attention` None is the build's
+    default (rowwise where the operator is built); 'gqa' the fallback's graphs."""
     from specexport.exporter.build import build_bundle
 
     root = tmp_path_factory.mktemp("tiny-bundles")
     built: dict[tuple, Path] = {}
 
-    def build(flavour: str = "ort", exit_layer: int = 2, context: int = 256, adapter: str = "none") -> Path:
-        key = (flavour, exit_layer, context, adapter)
+    def build(flavour: str = "ort", exit_layer: int = 2, context: int = 256, adapter: str = "none",
+              attention: str | None = None) -> Path:
+        key = (flavour, exit_layer, context, adapter, attention)
         if key not in built:
-            out = root / f"{flavour}-l{exit_layer}-c{context}-{Path(adapter).name}"
+            out = root / f"{flavour}-l{exit_layer}-c{context}-{Path(adapter).name}-{attention or 'default'}"
             build_bundle(out, model=str(tiny_checkpoint), exit_layer=exit_layer, context=context,
-                         flavour=flavour, adapter=adapter)
+                         flavour=flavour, adapter=adapter, attention=attention)
             built[key] = out
         return built[key]
 

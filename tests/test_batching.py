@@ -124,7 +124,7 @@ def test_cancel_frees_the_row(session, expected):
 
 def test_refusals_are_one_sentence(session, tiny_bundles):
     with pytest.raises(SpecExportError, match="--flavour standard"):
-        BatchScheduler(tiny_bundles("ort"), max_batch=2, cost=COST)
+        BatchScheduler(tiny_bundles("ort", attention="gqa"), max_batch=2, cost=COST)
     with pytest.raises(OptionError, match="max_batch"):
         BatchScheduler(session, max_batch=0, cost=COST)
     with BatchScheduler(session, max_batch=1, cost=COST) as scheduler:

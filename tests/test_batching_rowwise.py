@@ -126,7 +126,7 @@ def test_a_path_without_the_operator_is_refused_in_one_sentence(rowwise_bundle, 
 
 def test_gqa_bundles_are_refused_in_one_sentence(tiny_bundles):
     with pytest.raises(SpecExportError, match=r"GroupQueryAttention.*--attention rowwise.*--flavour standard") as err:
-        BatchScheduler(tiny_bundles("ort"), max_batch=2)
+        BatchScheduler(tiny_bundles("ort", attention="gqa"), max_batch=2)
     assert ". " not in str(err.value)
 
 

@@ -24,7 +24,7 @@ def unpadded(tmp_path_factory, tiny_checkpoint):
     """A tiny bundle whose graphs pad nothing (one_row_padding = "none"), with a drafter for model mode."""
     root = tmp_path_factory.mktemp("unpadded")
     recipe = root / "r.toml"
-    recipe.write_text('name = "tiny"\n[export]\nexit_layer = 2\none_row_padding = "none"\n')
+    recipe.write_text('name = "tiny"\n[export]\nexit_layer = 2\none_row_padding = "none"\nattention = "gqa"\n')
     drafter = make_noisy_drafter(tiny_checkpoint, root / "drafter")  # agrees often, not always
     build_bundle(root / "b", recipe=str(recipe), model=str(tiny_checkpoint), context=128, adapter="untrained",
                  drafter=str(drafter))
@@ -46,6 +46,7 @@ def _verification_rows(pieces, chunks: list[int]) -> np.ndarray:
 def test_the_probe_finds_one_row_calls_that_round_otherwise_and_the_session_pads_them(unpadded):
     session = load(unpadded)
     assert session.one_row_calls == "session"
+    assert session.one_row_calls_note.startswith("run as two rows by the session: this CPU rounds")
     assert isinstance(session.pieces.shallow, TwoRowCalls) and isinstance(session.pieces.deep, TwoRowCalls)
     # the same pieces without the session's padding: GroupQueryAttention's one-row path rounds differently
     raw = _open_pieces(session.bundle, "onnxruntime", None, None)
@@ -75,9 +76,9 @@ def test_speculative_output_is_ar_when_the_session_pads(unpadded, system):
 
 
 def test_a_bundle_that_pads_attention_keeps_one_row_calls_exact(tiny_bundles):
-    # the default ort build pads attention alone; whichever way the probe decides on this machine, a split
+    # a gqa build pads attention alone; whichever way the probe decides on this machine, a split
     # verification call must equal the whole one
-    session = load(tiny_bundles("ort"))
+    session = load(tiny_bundles("ort", attention="gqa"))
     assert session.bundle.pieces["deep"].min_rows == 1
     assert session.one_row_calls in ("attention", "session")
     whole = _verification_rows(session.pieces, [6])
@@ -89,7 +90,7 @@ def test_the_probe_reads_the_lm_heads_rows_as_verification_does(tmp_path, tiny_c
     # even where every layer's one-row call matches (an AVX-512 VNNI x86 does). A verification call keeps
     # every row's logits, so the probe must compare those, not a whole call that keeps its last row only
     recipe = tmp_path / "r.toml"
-    recipe.write_text('name = "tiny"\n[export]\nexit_layer = 2\nprecision = "int4"\n'
+    recipe.write_text('name = "tiny"\n[export]\nexit_layer = 2\nprecision = "int4"\nattention = "gqa"\n'
                       '[export.quantize]\nlm_head_block_size = 128\n')
     build_bundle(tmp_path / "b", recipe=str(recipe), model=str(tiny_checkpoint), context=128, adapter="untrained")
     session = load(tmp_path / "b")

@@ -10,9 +10,10 @@ PROMPTS = ["hash table", "the quick brown fox", "write a haiku about the sea", "
 
 
 @pytest.mark.parametrize("exit_layer", [1, 2, 3])
-@pytest.mark.parametrize("flavour", ["ort", "standard"])
-def test_greedy_self_speculative_equals_ar(tiny_bundles, exit_layer, flavour):
-    session = load(tiny_bundles(flavour, exit_layer, adapter="untrained"))
+@pytest.mark.parametrize(("flavour", "attention"), [("ort", None), ("ort", "gqa"), ("standard", None)],
+                         ids=["ort", "ort-gqa", "standard"])
+def test_greedy_self_speculative_equals_ar(tiny_bundles, exit_layer, flavour, attention):
+    session = load(tiny_bundles(flavour, exit_layer, adapter="untrained", attention=attention))
     for prompt in PROMPTS:
         ar = session.generate(prompt, max_new_tokens=40, mode="ar")
         for gamma, eta in [(1, 0.0), (3, 0.0), (6, 0.6), (8, 0.0)]:
