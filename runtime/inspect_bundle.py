@@ -47,6 +47,13 @@ def _attention(graph: dict) -> str:
     return f"rowwise (specexport.{attention_op.OP_TYPE}; {state})"
 
 
+def _matmul(graph: dict) -> str:
+    if graph.get("matmul", "mlas") == "mlas":
+        return ""
+    state = "loads here" if attention_op.available() else f"cannot load here: {attention_op.load_error()}"
+    return f", matmul rowwise (specexport.{attention_op.MATMUL_OP_TYPE}; {state})"
+
+
 def _shape(t: dict) -> str:
     return f"{t['name']} {t['dtype']}[{', '.join(str(d) for d in t['shape'])}]"
 
@@ -59,7 +66,7 @@ def render(report: dict) -> str:
         f"digest   sha256:{report['digest']}",
         f"model    {m['architecture']}: {d['layers']} layers, hidden {d['hidden']}, {d['heads']} heads /"
         f" {d['kv_heads']} KV heads, vocab {d['vocab']}, context {d['max_context']}, exit layer {m['exit_layer']}",
-        f"graphs   flavour {g['flavour']}, opset {g['opset']}, {g['precision']}, attention {_attention(g)}",
+        f"graphs   flavour {g['flavour']}, opset {g['opset']}, {g['precision']}, attention {_attention(g)}{_matmul(g)}",
         "pieces",
     ]
     for name, p in report["pieces"].items():

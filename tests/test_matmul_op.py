@@ -180,6 +180,10 @@ def test_bundles_with_both_operators_decode_as_ar_without_padding(rowwise_mm_bun
         ops = {n.op_type for n in onnx.load(str(session.bundle.root / spec.file), load_external_data=False).graph.node}
         assert attention_op.MATMUL_OP_TYPE in ops and "MatMulNBits" not in ops, name
     assert session.one_row_calls == "none"  # the load-time probe found one-row calls rounding as rows of many
+    from specexport.runtime.inspect_bundle import inspect_bundle, render
+
+    assert f"matmul rowwise (specexport.{attention_op.MATMUL_OP_TYPE}; loads here)" in render(
+        inspect_bundle(session.bundle.root))
     drafted = 0
     for prompt in PROMPTS:
         ar = session.generate(prompt, max_new_tokens=48, mode="ar")
