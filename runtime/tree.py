@@ -116,7 +116,6 @@ class TreeDrafter:
         self.chain = ModelDrafter(pieces)
         self.lookup = LookupDrafter(pieces.vocab_size, max_context, shape.lookup)
         self.piece, self.vocab_map, self.shape = pieces.drafter, pieces.drafter_vocab, shape
-        self.target = pieces.deep
         self.max_context = max_context
         # the floors as branch scores (log-probabilities); 0 means no floor. A leaf below either floor adds
         # nothing to the tree, so only leaves at or above both are extended.
@@ -133,11 +132,8 @@ class TreeDrafter:
     def propose(self, history: list[int], budget: int, policy: DraftPolicy, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
         # what the last tree's target rows chose beyond the final tokens (`settle`): a chain ahead of the
-        # new tree, verified again in rows computed as AR computes them
-        # where this step's call must end: the context's end, or a rounding boundary of the target's attention
-        # that the call would cross (attention_rounding.py)
-        ends_at = getattr(self.target, "tree_end", None)
-        limit = ends_at(len(history) - 1, self.max_context) if ends_at else self.max_context
+        # new tree, verified again in rows computed as AR computes them; the call ends at the context's end
+        limit = self.max_context
         trunk = self.draft.ahead[: max(0, limit - len(history))] if len(history) - 1 == self.trunk_at else []
         seq = [*history, *trunk]
         t0 = time.perf_counter()
