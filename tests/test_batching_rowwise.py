@@ -124,6 +124,23 @@ def test_a_path_without_the_operator_is_refused_in_one_sentence(rowwise_bundle, 
     assert ". " not in str(err.value)
 
 
+def test_a_manifest_that_misstates_a_graph_is_refused_by_both_engines(rowwise_bundle, tmp_path):  # noqa: F811
+    import json
+    import shutil
+
+    copy = tmp_path / "b"
+    shutil.copytree(rowwise_bundle("fp32"), copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    logits = next(t for t in manifest["pieces"]["deep"]["outputs"] if t["name"] == "logits")
+    logits["dtype"] = "float16"
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    said = r"manifest field pieces.deep.outputs gives 'logits' as float16.* but the piece's graph has float32"
+    with pytest.raises(SpecExportError, match=said):
+        load(copy)
+    with pytest.raises(SpecExportError, match=said):  # opened from the path: the scheduler checks its own sessions
+        BatchScheduler(copy, max_batch=2)
+
+
 def test_gqa_bundles_are_refused_in_one_sentence(tiny_bundles):
     with pytest.raises(SpecExportError, match=r"GroupQueryAttention.*--attention rowwise.*--flavour standard") as err:
         BatchScheduler(tiny_bundles("ort", attention="gqa"), max_batch=2)

@@ -53,14 +53,22 @@ def session_options(threads: int | None = None, attention: str = "gqa", matmul: 
     return opts
 
 
-# execution providers whose memory is a GPU's: a piece on one keeps its caches there (see OrtPiece)
 # ONNX Runtime's names for the element types the manifest spells as numpy's
 ORT_DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int64)": "int64",
               "tensor(int32)": "int32", "tensor(int8)": "int8", "tensor(uint8)": "uint8", "tensor(bool)": "bool"}
+
+
 def _graph_io(args) -> dict[str, tuple[str, tuple]]:
     return {t.name: (ORT_DTYPES.get(t.type, t.type), tuple(t.shape)) for t in args}
 
 
+def check_session_io(name: str, spec: PieceSpec, session: ort.InferenceSession) -> None:
+    """Refuses, in one sentence, a piece whose graph's inputs or outputs are not those its manifest declares."""
+    check_io(name, "input", list(spec.inputs), _graph_io(session.get_inputs()))
+    check_io(name, "output", list(spec.outputs), _graph_io(session.get_outputs()))
+
+
+# execution providers whose memory is a GPU's: a piece on one keeps its caches there (see OrtPiece)
 DEVICE_PROVIDERS = {"CUDAExecutionProvider": "cuda", "TensorrtExecutionProvider": "cuda"}
 TRT_EP_CACHE = "tensorrt/ort-trt-ep"  # under the bundle: the TensorRT execution provider's engines
 
@@ -101,8 +109,7 @@ class OrtPiece:
         except Exception as exc:
             raise SpecExportError(f"ONNX Runtime could not load piece {name!r} from {path}: {exc}") from None
         self.inputs, self.outputs = list(spec.inputs), list(spec.outputs)
-        check_io(name, "input", self.inputs, _graph_io(self.session.get_inputs()))
-        check_io(name, "output", self.outputs, _graph_io(self.session.get_outputs()))
+        check_session_io(name, spec, self.session)
         self.primary = next(t.name for t in self.inputs if t.name in ("input_ids", "hidden_in"))
         self.kv_mode = spec.kv.mode
         self.input_names = {t.name for t in self.inputs}

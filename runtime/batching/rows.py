@@ -33,7 +33,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ..backends.buckets import bucket
-from ..backends.ort import session_options
+from ..backends.ort import check_session_io, session_options
 from ..bundle import Bundle
 from ..errors import RunError, SpecExportError
 from ..manifest import Piece as PieceSpec
@@ -74,6 +74,7 @@ class BatchedPiece:
                 session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
             except Exception as exc:
                 raise SpecExportError(f"ONNX Runtime could not load piece {name!r} from {path}: {exc}") from None
+        check_session_io(name, spec, session)
         self.session = session
         self.input_names = {t.name for t in spec.inputs}
         self.in_place = "seqlens_k" in self.input_names  # the rowwise operator: one cache bound as past and present
