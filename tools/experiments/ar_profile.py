@@ -221,7 +221,11 @@ def _profiled(bundle: str, tokens: int, threads: int, rounds: int, tmp: Path) ->
 
 
 def ours(bundles: list[str], tokens: int, threads: int, rounds: int) -> list[dict]:
-    from specexport.runtime.backends.ort import use_shared_thread_pool
+    try:
+        from specexport.runtime.backends.ort import use_shared_thread_pool
+        from specexport.runtime.errors import SpecExportError
+    except ImportError:
+        sys.exit(f"{sys.executable} has no specexport: run the ours mode in .venv/bin/python")
 
     use_shared_thread_pool(threads)  # as the specexport commands run: one warm pool for every piece
     results = []
@@ -229,9 +233,12 @@ def ours(bundles: list[str], tokens: int, threads: int, rounds: int) -> list[dic
         if not (Path(bundle) / "manifest.json").is_file():
             sys.exit(f"{bundle} is not a specexport bundle (no manifest.json)")
         note = load_note()
-        info, parts = _plain(bundle, tokens, threads, rounds)
-        with tempfile.TemporaryDirectory(prefix="ar-profile-") as tmp:
-            wall, steps, profiles = _profiled(bundle, tokens, threads, rounds, Path(tmp))
+        try:
+            info, parts = _plain(bundle, tokens, threads, rounds)
+            with tempfile.TemporaryDirectory(prefix="ar-profile-") as tmp:
+                wall, steps, profiles = _profiled(bundle, tokens, threads, rounds, Path(tmp))
+        except SpecExportError as exc:  # the runtime's own sentence (a bundle it refuses, a bad option)
+            sys.exit(f"{bundle}: {exc}")
         ops = op_rows(profiles, steps)
         in_runs = sum(run for _, run in profiles.values()) / 1e3
         ops_total = [(name, [*values, sum(values)]) for name, values in ops]
@@ -300,7 +307,10 @@ def _genai_rounds(og, path: Path, tokens: int, rounds: int) -> tuple[float, int,
 
 
 def genai(model_dir: str, tokens: int, threads: int, rounds: int) -> list[dict]:
-    import onnxruntime_genai as og
+    try:
+        import onnxruntime_genai as og
+    except ImportError:
+        sys.exit(f"{sys.executable} has no onnxruntime_genai: run the genai mode in .venv-genai/bin/python")
 
     src = Path(model_dir)
     if not (src / "genai_config.json").is_file():
