@@ -92,6 +92,11 @@ def use_rowwise(model: onnx.ModelProto) -> int:
         if len(node.input) not in (3, 4) or any(w is None for w in weights) or attrs.get("bits") not in (4, 8):
             raise SpecExportError(f"MatMulNBits {node.name} has inputs or bits the rowwise matmul does not take;"
                                   " build with --matmul mlas")
+        level = attrs.get("accuracy_level", 0)
+        if level != 4:  # below 4, MatMulNBits keeps the activations in float
+            raise SpecExportError(f"MatMulNBits {node.name} has accuracy_level {level}, and the"
+                                  " rowwise matmul quantizes activations to int8 as level 4 does: set [export.quantize]"
+                                  " accuracy_level = 4 or build with --matmul mlas")
         k, n, bits, block = (int(attrs[key]) for key in ("K", "N", "bits", "block_size"))
         arrays = [numpy_helper.to_array(w) for w in weights]
         b, scales, zero = repack(arrays[0], arrays[1], arrays[2] if len(arrays) == 3 else None, k, n, bits, block)

@@ -142,6 +142,11 @@ def test_the_rewrite_and_its_refusals(monkeypatch):
     assert (node.op_type, node.domain) == (attention_op.MATMUL_OP_TYPE, attention_op.DOMAIN)
     assert {t.name for t in out.graph.initializer} == set(node.input[1:])  # MatMulNBits's weights are gone
     assert any(o.domain == attention_op.DOMAIN for o in out.opset_import)
+    level1 = onnx.ModelProto()
+    level1.CopyFrom(model)
+    next(a for a in level1.graph.node[0].attribute if a.name == "accuracy_level").i = 1
+    with pytest.raises(SpecExportError, match=r"accuracy_level 1.*quantizes activations to int8 as level 4 does"):
+        row_matmul.use_rowwise(level1)
     row_matmul.check_choice("mlas", "standard", "fp16", (16,))  # nothing to check
     for args, words in [(("fast", "ort", "int4", (32,)), "unknown matmul 'fast'"),
                         (("rowwise", "ort", "fp32", ()), "replaces the int4/int8 'ort' pieces' MatMulNBits"),
