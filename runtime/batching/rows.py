@@ -68,7 +68,8 @@ class BatchedPiece:
             try:
                 options = session_options(threads, attention, matmul)
             except SpecExportError as exc:
-                raise SpecExportError(f"bundle piece {name!r} uses specexport's row-invariant operators,"
+                op = "attention" if attention == "rowwise" else "matmul"
+                raise SpecExportError(f"bundle piece {name!r} uses specexport's row-invariant {op} operator,"
                                       f" but {exc}") from None
             try:
                 session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
