@@ -206,3 +206,20 @@ def test_load_refuses_a_rowwise_matmul_bundle_without_the_library(rowwise_mm_bun
     with pytest.raises(SpecExportError, match=r"row-invariant (attention|matmul) operator") as err:
         load(root)
     assert str(err.value).count(". ") == 0
+
+
+def test_a_batch_scheduler_opened_from_the_path_registers_the_library(rowwise_mm_bundle):
+    """Batched verification opens the pieces itself: every request gets its AR tokens, with no padded rows."""
+    from specexport.runtime.batching import BatchScheduler
+
+    from .test_batching_rowwise import JOBS, tokens_of
+
+    root = rowwise_mm_bundle("int4")
+    session = load(root)
+    want = [session.generate(p, mode="ar", max_new_tokens=n).tokens for p, _, n in JOBS]
+    opts = session.options()
+    with BatchScheduler(root, max_batch=3) as scheduler:
+        requests = [scheduler.submit(session.prompt_ids(p, opts), mode=m, max_new_tokens=n) for p, m, n in JOBS]
+        got = [tokens_of(r) for r in requests]
+        assert not scheduler.pieces.deep.pad_one_row
+    assert got == want
