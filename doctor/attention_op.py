@@ -1,5 +1,6 @@
-"""The doctor's probe of specexport's row-invariant attention operator (runtime/attention_op.py): built with
-the package or not, whether ONNX Runtime registers it here, and the vector path it takes on this CPU."""
+"""The doctor's probe of specexport's row-invariant operators' library (runtime/attention_op.py: the attention and
+the int4/int8 matmul): built with the package or not, whether ONNX Runtime registers it here, and the vector
+paths its operators take on this CPU."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def probe_attention_op() -> Probe:
     if error is not None:
         return Probe("attention operator", None, WARNING, f"{error}; bundles built with --attention rowwise will"
                      " not load", details)
-    isa = attention_op.isa()
-    details["isa"] = isa
+    isa, matmul_isa = attention_op.isa(), attention_op.matmul_isa()
+    details["isa"], details["matmul_isa"] = isa, matmul_isa
     return Probe("attention operator", isa, OK, f"specexport.{attention_op.OP_TYPE} registers with ONNX Runtime"
-                 f" {ort.__version__} and runs its {isa} path here (every path gives the same bits)", details)
+                 f" {ort.__version__} and runs its {isa} path here, specexport.{attention_op.MATMUL_OP_TYPE} its"
+                 f" {matmul_isa} path (every path gives the same bits)", details)

@@ -123,6 +123,14 @@ def test_each_row_is_that_row_computed_alone(shape, rows, batch, threads, seed):
         np.testing.assert_array_equal(alone[0], flat[r], err_msg=f"row {r} of {flat_a.shape[0]}")
 
 
+def test_the_doctor_names_the_matmul_path():
+    from specexport.doctor.attention_op import probe_attention_op
+
+    probe = probe_attention_op()
+    assert probe.details["matmul_isa"] == attention_op.matmul_isa() in ("avx2", "portable")
+    assert f"{attention_op.MATMUL_OP_TYPE} its {attention_op.matmul_isa()} path" in probe.why
+
+
 def test_the_avx2_path_gives_the_portable_paths_bits():
     if attention_op.matmul_isa() != "avx2":
         pytest.skip("this CPU takes the portable path only")
