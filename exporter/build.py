@@ -208,10 +208,6 @@ def _tensorrt_context(requested: int | None, recipe_context: int, target: dict) 
     return requested if requested is not None else min(recipe_context, cap)
 
 
-def _block_sizes(*specs: quantize.QuantSpec | None) -> tuple[int, ...]:
-    return tuple(b for s in specs if s is not None for b in (s.block_size, s.for_lm_head().block_size))
-
-
 def build_bundle(out: Path, recipe: str | None = None, model: str | None = None, exit_layer: int | None = None,
                  context: int | None = None, flavour: str | None = None, force: bool = False,
                  adapter: str | None = None, command: str = "", backend: str | None = None,
@@ -232,7 +228,7 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
     `attention`: the `ort` pieces' attention operator, 'gqa' or 'rowwise' (exporter/row_attention.py; default:
     the recipe's [export] attention, else rowwise for the `ort` flavour where the operator is built, else gqa).
     `matmul`: the int8/int4 `ort` pieces' weight matmuls, 'mlas' or 'rowwise' (exporter/row_matmul.py; default:
-    the recipe's [export] matmul, else mlas)."""
+    the recipe's [export] matmul, else row_matmul.DEFAULTS' for the precision where the operator is built)."""
     _check_precision(precision, flavour, backend, target)
     trt_target = tensorrt_target(backend, target, plan_only)
     if trt_target is not None:
@@ -262,8 +258,9 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
     if fallback:
         print(f"note: {fallback}", file=sys.stderr)
     rowwise = attention == "rowwise"  # its one-row calls round as rows of many: no copied row
-    matmul = matmul or exp.get("matmul", "mlas")
-    row_matmul.check_choice(matmul, flavour, precision, _block_sizes(qspec, draft_spec))
+    matmul, fallback = row_matmul.choose(matmul or exp.get("matmul"), flavour, precision, (qspec, draft_spec))
+    if fallback:
+        print(f"note: {fallback}", file=sys.stderr)
     padding = multirow.padding_for(precision, flavour, exp.get("one_row_padding"), kv_int8 or rowwise)
     context = int(exp.get("context", 2048))
     opset = OPSET if trt_target is None else trt_target["tensorrt"]["opset"]

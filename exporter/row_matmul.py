@@ -44,6 +44,30 @@ def check_choice(matmul: str, flavour: str, precision: str, block_sizes: tuple[i
         raise SpecExportError(f"--matmul rowwise needs the operator to check the pieces, but {error}")
 
 
+# The default per precision, from side-by-side measurements on x86: at int4 MLAS's AVX2 kernel rounds a one-row
+# call otherwise than a row of many (so the session pads AR's calls) and the operator was faster than it even at
+# one row; at int8 the two were even and MLAS's one-row calls round alike, so MLAS stays.
+DEFAULTS = {"int4": "rowwise", "int8": "mlas"}
+
+
+def choose(asked: str | None, flavour: str, precision: str, specs: tuple) -> tuple[str, str | None]:
+    """The build's matmul: `asked` (checked), else DEFAULTS' for the `ort` flavour's quantized pieces where the
+    recipe's quantization suits the operator and it loads, else `mlas`; and, where the default fell back for want
+    of the library, one sentence why. `specs`: the pieces' QuantSpecs (None where a piece is float)."""
+    blocks = tuple(b for s in specs if s is not None for b in (s.block_size, s.for_lm_head().block_size))
+    if asked is not None:
+        check_choice(asked, flavour, precision, blocks)
+        return asked, None
+    if flavour != "ort" or DEFAULTS.get(precision) != "rowwise":
+        return "mlas", None
+    if any(b % CHUNK or b > MAX_BLOCK for b in blocks) or any(s.accuracy_level != 4 for s in specs if s is not None):
+        return "mlas", None  # a recipe's own quantization the operator does not take: MatMulNBits runs it
+    error = attention_op.load_error()
+    if error is None:
+        return "rowwise", None
+    return "mlas", f"building with ONNX Runtime's MatMulNBits (--matmul mlas): {error}"
+
+
 def repack(packed: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, k: int, n: int, bits: int,
            block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """MatMulNBits's weights (packed [N, blocks, block * bits / 8], scales [N * blocks], zero points packed

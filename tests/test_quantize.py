@@ -12,7 +12,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from specexport.exporter import quantize
+from specexport.exporter import quantize, row_matmul
 from specexport.exporter.build import build_bundle
 from specexport.runtime.errors import SpecExportError
 from specexport.runtime.inspect_bundle import inspect_bundle
@@ -67,13 +67,16 @@ def test_bundle_is_quantized_and_passes_parity(quantized_bundles, precision):
     assert manifest["graph"]["precision"] == precision
     assert manifest["graph"]["quantization"]["bits"] == quantize.BITS[precision]
     assert set(manifest["pieces"]) == {"shallow", "deep", "adapter"}
+    # the default build runs int4 through specexport's row-invariant matmul where the operator is built
+    qop = "RowInvariantMatMulNBits" if manifest["graph"].get("matmul") == "rowwise" else "MatMulNBits"
+    assert manifest["graph"].get("matmul", "mlas") == row_matmul.choose(None, "ort", precision, ())[0]
     for name, piece in manifest["pieces"].items():
         q = piece["quantization"]
         assert q["block_size"] == {"int8": 64, "int4": 32}[precision] and q["matmuls_quantized"] > 0, name
         graph = onnx.load(str(bundle / piece["file"]), load_external_data=False).graph
         ops = [n.op_type for n in graph.node]
         weights = {t.name for t in graph.initializer}
-        assert "MatMulNBits" in ops, name
+        assert qop in ops, name
         assert not [n for n in graph.node if n.op_type == "MatMul" and n.input[1] in weights], name
         report = piece["parity"]
         assert all(v <= report["tolerance"] for v in report["max_relative_error"].values()), name
@@ -82,7 +85,7 @@ def test_bundle_is_quantized_and_passes_parity(quantized_bundles, precision):
     assert manifest["pieces"]["shallow"]["quantization"]["float_weights"] == ["embed_tokens"]  # the Gather stays
     assert manifest["pieces"]["deep"]["quantization"]["lm_head_quantized"] is True
     deep = onnx.load(str(bundle / manifest["pieces"]["deep"]["file"]), load_external_data=False).graph
-    head = next(n for n in deep.node if n.op_type == "MatMulNBits" and n.input[1].startswith(quantize.LM_HEAD))
+    head = next(n for n in deep.node if n.op_type == qop and n.input[1].startswith(quantize.LM_HEAD))
     # the defaults: the head as its layers, in blocks of 64 at int8 and 32 at int4
     block = {a.name: helper.get_attribute_value(a) for a in head.attribute}["block_size"]
     assert block == {"int8": 64, "int4": 32}[precision]

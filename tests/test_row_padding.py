@@ -91,7 +91,7 @@ def test_the_probe_reads_the_lm_heads_rows_as_verification_does(tmp_path, tiny_c
     # every row's logits, so the probe must compare those, not a whole call that keeps its last row only
     recipe = tmp_path / "r.toml"
     recipe.write_text('name = "tiny"\n[export]\nexit_layer = 2\nprecision = "int4"\nattention = "gqa"\n'
-                      '[export.quantize]\nlm_head_block_size = 128\n')
+                      'matmul = "mlas"\n[export.quantize]\nlm_head_block_size = 128\n')
     build_bundle(tmp_path / "b", recipe=str(recipe), model=str(tiny_checkpoint), context=128, adapter="untrained")
     session = load(tmp_path / "b")
     raw = _open_pieces(session.bundle, "onnxruntime", None, None)

@@ -83,3 +83,15 @@ def test_a_groupqueryattention_bundle_is_refused_at_load(wide_heads, tmp_path):
     (copy / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(SpecExportError, match=r"256-wide heads.*--attention rowwise"):
         load(copy)
+
+
+def test_the_default_attention_and_its_fallback(monkeypatch):
+    from specexport.exporter import row_attention
+
+    assert row_attention.choose(None, "ort", "fp32", "float") == ("rowwise", None)
+    assert row_attention.choose(None, "ort", "int4", "int8") == ("gqa", None)  # int8 caches: GQA's quantized cache
+    assert row_attention.choose(None, "standard", "fp32", "float") == ("gqa", None)
+    assert row_attention.choose("gqa", "ort", "fp32", "float") == ("gqa", None)
+    monkeypatch.setattr(attention_op, "load_error", lambda: "the library is gone")
+    assert row_attention.choose(None, "ort", "fp32", "float") == (
+        "gqa", "building with ONNX Runtime's GroupQueryAttention (--attention gqa): the library is gone")
