@@ -113,16 +113,31 @@ def tiny_bundles(tmp_path_factory, tiny_checkpoint):
 
 
 @pytest.fixture(scope="session")
-def drafting_bundle(tmp_path_factory, tiny_checkpoint) -> Path:
-    """The tiny target, standard flavour (it batches), with an untrained adapter and a drafter piece (the
-    target with 1% weight noise, which agrees with it about half the time)."""
+def drafting_bundles(tmp_path_factory, tiny_checkpoint):
+    """build(flavour) -> the tiny target with an untrained adapter and a drafter piece (the target with 1%
+    weight noise, which agrees with it about half the time), memoised for the session: the drafting, sampling,
+    batching and serving modules share them."""
     from specexport.exporter.build import build_bundle
 
-    root = tmp_path_factory.mktemp("drafting-bundle")
-    make_noisy_drafter(tiny_checkpoint, root / "drafter")
-    build_bundle(root / "b", model=str(tiny_checkpoint), drafter=str(root / "drafter"), adapter="untrained",
-                 exit_layer=2, context=256, flavour="standard")
-    return root / "b"
+    root = tmp_path_factory.mktemp("drafting-bundles")
+    built: dict[str, Path] = {}
+
+    def build(flavour: str = "standard") -> Path:
+        if flavour not in built:
+            if not (root / "drafter").exists():
+                make_noisy_drafter(tiny_checkpoint, root / "drafter")
+            build_bundle(root / flavour, model=str(tiny_checkpoint), drafter=str(root / "drafter"),
+                         adapter="untrained", exit_layer=2, context=256, flavour=flavour)
+            built[flavour] = root / flavour
+        return built[flavour]
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def drafting_bundle(drafting_bundles) -> Path:
+    """drafting_bundles' standard flavour (it batches)."""
+    return drafting_bundles("standard")
 
 
 def exporter_fingerprint() -> str:
@@ -164,6 +179,30 @@ def real_bundle(variant: str = "fp32") -> Path:
         build_bundle(out, force=True, adapter=str(REPO / "recipes" / "adapters" / "smollm2-135m-l2"),
                      drafter=str(REPO / "recipes" / "drafters" / "smollm2-135m-tiny"), **REAL_VARIANTS[variant])
     return out
+
+
+_real_sessions: dict[str, object] = {}
+_real_ar: dict[tuple, list[int]] = {}
+
+
+def real_session(variant: str = "fp32"):
+    """The Session of real_bundle(variant), opened once and shared by every real-model module; one variant's at
+    a time (each holds hundreds of MB, and the modules go through the variants one after another)."""
+    if variant not in _real_sessions:
+        from specexport.runtime import load
+
+        _real_sessions.clear()
+        _real_sessions[variant] = load(real_bundle(variant))
+    return _real_sessions[variant]
+
+
+def real_ar(variant: str, ids: list[int], new_tokens: int) -> list[int]:
+    """real_session(variant)'s greedy AR output for `ids`, generated once per run: the modules that compare
+    against it ask for the same prompts, and greedy AR of one bundle is deterministic."""
+    key = (variant, tuple(ids), new_tokens)
+    if key not in _real_ar:
+        _real_ar[key] = real_session(variant).generate_ids(ids, max_new_tokens=new_tokens, mode="ar").tokens
+    return _real_ar[key]
 
 
 @pytest.fixture(scope="session")

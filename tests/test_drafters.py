@@ -37,21 +37,10 @@ def drafter_checkpoint(tiny_checkpoint, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def drafter_bundle(tiny_checkpoint, drafter_checkpoint, tmp_path_factory):
-    """build(flavour) -> a bundle with an (untrained) adapter and the drafter piece, memoised."""
-    from specexport.exporter.build import build_bundle
-
-    built: dict[str, Path] = {}
-
-    def build(flavour: str = "ort") -> Path:
-        if flavour not in built:
-            out = tmp_path_factory.mktemp("drafter-bundles") / flavour
-            build_bundle(out, model=str(tiny_checkpoint), drafter=str(drafter_checkpoint), adapter="untrained",
-                         exit_layer=2, context=256, flavour=flavour)
-            built[flavour] = out
-        return built[flavour]
-
-    return build
+def drafter_bundle(drafting_bundles):
+    """build(flavour) -> a bundle with an (untrained) adapter and the drafter piece (conftest's, built once for
+    the session)."""
+    return drafting_bundles
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,6 @@ from specexport.runtime.sampling import SamplingParams, probabilities, sample
 from specexport.runtime.speculative import speculative, verify
 from specexport.runtime.stats import Stats
 
-from .conftest import make_noisy_drafter
 from .test_drafters import PrunedHead
 from .test_speculative_sampling import ALPHA
 
@@ -43,16 +42,10 @@ PROMPT = "hash table"
 
 
 @pytest.fixture(scope="module")
-def bundle(tiny_checkpoint, tmp_path_factory) -> Path:
+def bundle(drafting_bundles) -> Path:
     """The tiny target with an untrained adapter and a drafter piece that agrees with it about half the
-    time (the target with 1% weight noise, as in tests/test_drafters.py)."""
-    from specexport.exporter.build import build_bundle
-
-    root = tmp_path_factory.mktemp("sampling-lossless")
-    make_noisy_drafter(tiny_checkpoint, root / "drafter")
-    build_bundle(root / "b", model=str(tiny_checkpoint), drafter=str(root / "drafter"), adapter="untrained",
-                 exit_layer=2, context=256)
-    return root / "b"
+    time (the target with 1% weight noise; conftest's, shared with tests/test_drafters.py)."""
+    return drafting_bundles("ort")
 
 
 @pytest.fixture(scope="module")
