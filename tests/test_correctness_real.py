@@ -8,6 +8,7 @@ import pytest
 import torch
 from specexport.runtime import load
 
+from .conftest import real_ar, real_session
 from .hf_reference import first_departure
 from .real_prompts import PROMPTS
 
@@ -16,19 +17,14 @@ NEW_TOKENS = 64
 
 
 @pytest.fixture(scope="module")
-def session(default_bundle):
-    return load(default_bundle)
-
-
-_ar: dict[tuple[int, ...], list[int]] = {}
+def session():
+    return real_session("fp32")
 
 
 def ar_tokens(session, ids: list[int]) -> list[int]:
-    """The default bundle's greedy AR output for `ids`, computed once for the module (both exit-layer cases
-    compare against the same prompts; greedy AR of one session is deterministic)."""
-    if tuple(ids) not in _ar:
-        _ar[tuple(ids)] = session.generate_ids(ids, max_new_tokens=NEW_TOKENS, mode="ar").tokens
-    return _ar[tuple(ids)]
+    """The default bundle's greedy AR output for `ids`, computed once for the run (both exit-layer cases and
+    test_lossless_real compare against the same prompts)."""
+    return real_ar("fp32", ids, NEW_TOKENS)
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,10 @@
 """On the real default model, at every precision the toolkit builds (fp32, int8, int4, and the fp16
 standard-flavour pieces a TensorRT build writes, run here on ONNX Runtime's CPU provider): the greedy output
 of every lossless mode, tree shape and schedule (at int4 every policy too) is token for token AR's output of
-the same bundle, on 5 prompts x 64 new tokens in the suite (10 x 96 with `make test-lossless`), and the
-shipped adapter's drafts are really used. The fp16 pieces run ~6x slower on this CPU than int4, so within the
-suite's time they take a chain (self), auto (the tree and lookup) and PEARL (the drafter piece beside deep).
+the same bundle, on 5 prompts x 64 new tokens in the suite at fp32 and int4 and 3 x 64 at int8 and fp16 (10 x 96
+at every precision with `make test-lossless`), and the shipped adapter's drafts are really used. The fp16
+pieces run ~6x slower on this CPU than int4, so within the suite's time they take a chain (self), auto (the
+tree and lookup) and PEARL (the drafter piece beside deep).
 
 What keeps a mode lossless is arithmetic: the rows of a verification call (a chain of k tokens, or a tree's
 leading chain of slots, which is all `tree.settle` makes final) must be, bit for bit, what k one-token AR
@@ -19,20 +20,28 @@ import os
 
 import numpy as np
 import pytest
-from specexport.runtime import load
 from specexport.runtime.decode import ids_array
 
-from .conftest import REAL_VARIANTS, real_bundle, run_in_chunks
+from .conftest import REAL_VARIANTS, real_ar, real_session, run_in_chunks
 from .real_prompts import PROMPTS
 from .test_tree_attention import leading_rows_are_ar_bit_for_bit
 
 pytestmark = pytest.mark.slow
 # The suite runs 5 prompts x 64 tokens (10 x 96 made this module most of the suite's time): every (precision,
-# system) case still runs, token for token, and the bits the modes rely on are checked directly below.
-# `make test-lossless` runs the module at its full strength, 10 prompts x 96 tokens (SPECEXPORT_LOSSLESS=full).
+# system) case still runs, token for token, and the bits the modes rely on are checked directly below. int8 and
+# the fp16 pieces take the first 3 of those prompts: the modes' logic is the same at every precision, int4 (the
+# most fragile arithmetic, every policy) and fp32 (the default bundle) keep all 5, and the fp16 pieces cost ~6x
+# int4 per token. `make test-lossless` runs the module at its full strength, 10 prompts x 96 tokens at every
+# precision (SPECEXPORT_LOSSLESS=full).
 FULL = os.environ.get("SPECEXPORT_LOSSLESS") == "full"
 NEW_TOKENS = 96 if FULL else 64
 CASES = PROMPTS[:10] if FULL else PROMPTS[:5]
+FEWER_CASES = ("int8", "fp16-standard")
+
+
+def cases(variant: str) -> list[str]:
+    return CASES if FULL or variant not in FEWER_CASES else CASES[:3]
+
 SYSTEMS = {
     "self": {"mode": "self"},
     "model": {"mode": "model"},
@@ -57,25 +66,19 @@ INT4_ONLY = ("tree-8:4:2", "self-fixed", "self-entropy", "self-goodput", "model-
 FP16_SYSTEMS = ("self", "auto", "pearl")
 CASES_BY_BUNDLE = [(v, s) for v in REAL_VARIANTS for s in SYSTEMS
                    if (s in FP16_SYSTEMS if v == "fp16-standard" else v == "int4" or s not in INT4_ONLY)]
-_sessions: dict[str, object] = {}
-_ar: dict[str, tuple] = {}
 
 
 def session_of(variant: str):
-    """The variant's session; the variants run one after another, so one session's memory at a time."""
-    if variant not in _sessions:
-        _sessions.clear()
-        _sessions[variant] = load(real_bundle(variant))
-    return _sessions[variant]
+    """The variant's session, shared with the other real-model modules (conftest.real_session)."""
+    return real_session(variant)
 
 
 def opened(variant: str) -> tuple:
-    """(session, prompt ids, AR's tokens) of a variant; AR is generated once for every system tested on it."""
+    """(session, prompt ids, AR's tokens) of a variant; AR is generated once per run for every system tested on
+    it (at fp32 test_correctness_real has generated it already)."""
     session = session_of(variant)
-    if variant not in _ar:
-        ids = [session.prompt_ids(p, session.options()) for p in CASES]
-        _ar[variant] = (ids, [session.generate_ids(i, max_new_tokens=NEW_TOKENS, mode="ar").tokens for i in ids])
-    return (session, *_ar[variant])
+    ids = [session.prompt_ids(p, session.options()) for p in cases(variant)]
+    return session, ids, [real_ar(variant, i, NEW_TOKENS) for i in ids]
 
 
 @pytest.mark.parametrize("variant", list(REAL_VARIANTS))
@@ -111,7 +114,7 @@ def test_verification_rows_are_one_token_calls_bit_for_bit(variant):
 def test_greedy_output_is_ar_of_the_same_bundle(variant, system):
     session, ids, ar = opened(variant)
     differ, accepted, drafted, steps, tokens = {}, 0, 0, 0, 0
-    for prompt, prompt_ids, want in zip(CASES, ids, ar, strict=True):
+    for prompt, prompt_ids, want in zip(cases(variant), ids, ar, strict=True):
         out = session.generate_ids(prompt_ids, max_new_tokens=NEW_TOKENS, **SYSTEMS[system])
         assert not out.lossy
         accepted, drafted = accepted + out.stats.accepted, drafted + out.stats.drafted
@@ -119,7 +122,7 @@ def test_greedy_output_is_ar_of_the_same_bundle(variant, system):
         if out.tokens != want:
             differ[prompt] = next((k for k, (a, b) in enumerate(zip(out.tokens, want, strict=False)) if a != b),
                                   min(len(out.tokens), len(want)))
-    assert sum(len(t) for t in ar) > 0.8 * NEW_TOKENS * len(CASES)  # the answers are long enough to matter
+    assert sum(len(t) for t in ar) > 0.8 * NEW_TOKENS * len(ids)  # the answers are long enough to matter
     assert not differ, f"{system} on {variant} left AR at token (by prompt): {differ}"
     if system == "self" and variant == "fp32":
         # a trained adapter's drafts are accepted far above chance (1/49,152); an untrained one's are not
