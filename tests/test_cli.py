@@ -74,12 +74,14 @@ def test_build_generate_inspect_json(tiny_checkpoint, tmp_path):
     assert stream.returncode == 0 and "tokens/s" in stream.stderr and "tokens/s" not in stream.stdout
 
 
-def test_existing_bundle_needs_force(tiny_checkpoint, tmp_path):
+def test_existing_bundle_needs_force(tiny_checkpoint, tiny_bundles, tmp_path):
     out = tmp_path / "b"
+    shutil.copytree(tiny_bundles(), out)  # any bundle already there (the session's, not a third build here)
     args = ("build", "--model", str(tiny_checkpoint), "--context", "64", "--adapter", "none", "--out", str(out))
-    assert cli(*args).returncode == 0
     assert_one_sentence_error(cli(*args), "already exists", "--force")
+    assert json.loads((out / "manifest.json").read_text())["model"]["dims"]["max_context"] != 64  # left as it was
     assert cli(*args, "--force").returncode == 0 and no_partial_dirs(tmp_path)
+    assert json.loads((out / "manifest.json").read_text())["model"]["dims"]["max_context"] == 64  # replaced
 
 
 def test_missing_model_path(tmp_path):
