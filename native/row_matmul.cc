@@ -13,7 +13,10 @@
 //
 // Inputs: A float [..., K]; B uint8, the weights in this operator's own layout (below); scales float
 // [tiles, blocks, 8]; zero_points uint8 [tiles, blocks, 8] (one code per byte). Output float [..., N].
-// Attributes: K, N, bits (4 or 8), block_size (a multiple of 32, at most 256).
+// Attributes: K, N, bits (4 or 8), block_size (a multiple of 32, at most 256), gated ("none", the default, or
+// "silu": the output is then [..., N / 2] = silu(gate) * up, gate the first N / 2 columns and up the rest, the
+// gated MLP's Split, SiLU and Mul in this operator's epilogue; silu(g) = g / (1 + e^-g) with the exp below, the
+// same float operations on every path, so the fused output keeps the row and path invariance).
 //
 // Layout (exporter/row_matmul.py writes it): columns in tiles of 8 (N padded to a multiple of 8 with zero
 // codes), K in blocks (padded with zero codes), a block in chunks of 32 values. B holds, tile by tile and
@@ -51,6 +54,7 @@ enum class Isa { portable, avx2 };
 
 struct Attrs {
   int64_t K = 0, N = 0, bits = 0, block = 0;
+  bool silu = false;  // gated = "silu"
 };
 
 struct Call {  // one Compute's shapes and pointers, shared by the parallel loop
@@ -62,8 +66,11 @@ struct Call {  // one Compute's shapes and pointers, shared by the parallel loop
   std::vector<int8_t> q;       // [M, padded_k] activation codes
   std::vector<float> ascale;   // [M, blocks]
   std::vector<int32_t> asum;   // [M, blocks] sum of a block's codes
-  float* out;
+  float* out;                  // [M, N]: the operator's output, or the gated epilogue's scratch
+  float* gated = nullptr;      // [M, N / 2]: the gated output
+  int64_t half_tiles = 0;      // gated with N / 2 a multiple of 8: gate tile t pairs with up tile t + half_tiles
   void (*tile)(const Call&, int64_t t, int64_t r0, int64_t rows);
+  void (*silu_mul)(const float* g, const float* u, float* out, int64_t n);
 };
 
 // A row's activations to int8 codes per block: the same scalar code for every path.
@@ -102,6 +109,31 @@ inline int32_t code_at(const uint8_t* wb, int64_t bits, int64_t col, int64_t i) 
   if (bits == 8) return wb[(j * kTile + col) * kChunk + v];
   uint8_t byte = wb[j * 4 * kChunk + (col % 4) * kChunk + (col / 4) * 16 + v % 16];
   return v < 16 ? byte & 15 : byte >> 4;
+}
+
+// e^x, its range cut to [-87, 88] (below: 0, so silu(g) = g; above would overflow): the Cephes-style split
+// x = n ln2 + r and polynomial of native/row_attention.cc's exp, written again here with the upper clamp.
+inline float exp_clamped(float x) {
+  x = x < 88.0f ? x : 88.0f;  // as _mm256_min_ps(x, 88): a NaN becomes 88 on both paths
+  if (x < -87.0f) return 0.0f;  // (the AVX2 path masks these lanes to 0 after the fact)
+  float n = std::nearbyint(x * 1.44269504088896341f);
+  float r = std::fma(n, -0.693359375f, x);
+  r = std::fma(n, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  float y = std::fma(p, r * r, r) + 1.0f;
+  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return y * scale;
+}
+
+void silu_mul_portable(const float* g, const float* u, float* out, int64_t n) {  // out = g / (1 + e^-g) * u
+  for (int64_t j = 0; j < n; ++j) out[j] = g[j] / (1.0f + exp_clamped(-g[j])) * u[j];
 }
 
 void tile_portable(const Call& c, int64_t t, int64_t r0, int64_t rows) {
@@ -219,6 +251,35 @@ __attribute__((target("avx2,fma"))) void int8_rows_avx2(const Ptrs& p, int64_t t
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(out[r], acc[r]);
 }
 
+__attribute__((target("avx2,fma"))) inline __m256 exp_clamped_avx2(__m256 x) {
+  x = _mm256_min_ps(x, _mm256_set1_ps(88.0f));
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693359375f), x);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+  __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  __m256 out = _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+  return _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ), out);
+}
+
+__attribute__((target("avx2,fma"))) void silu_mul_avx2(const float* g, const float* u, float* out, int64_t n) {
+  int64_t j = 0;
+  for (; j + kTile <= n; j += kTile) {
+    __m256 gv = _mm256_loadu_ps(g + j);
+    __m256 e = exp_clamped_avx2(_mm256_xor_ps(gv, _mm256_set1_ps(-0.0f)));  // -g, as the portable path negates
+    __m256 s = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+    _mm256_storeu_ps(out + j, _mm256_mul_ps(s, _mm256_loadu_ps(u + j)));
+  }
+  silu_mul_portable(g + j, u + j, out + j, n - j);  // the same operations on the last columns
+}
+
 using RowsKernel = void (*)(const Ptrs&, int64_t, int64_t, float* const*);
 
 template <int CH>
@@ -282,6 +343,23 @@ void run_item(void* data, size_t item) {  // item: kTilesPerItem tiles of column
   int64_t first = static_cast<int64_t>(item) * kTilesPerItem, last = std::min(c.tiles, first + kTilesPerItem);
   for (int64_t t = first; t < last; ++t)
     for (int64_t r0 = 0; r0 < c.M; r0 += kRowGroup) c.tile(c, t, r0, std::min(kRowGroup, c.M - r0));
+}
+
+void gated_rows(const Call& c, int64_t j0, int64_t j1) {  // the epilogue on columns [j0, j1) of every row
+  int64_t half = c.a.N / 2;
+  for (int64_t r = 0; r < c.M; ++r)
+    c.silu_mul(c.out + r * c.a.N + j0, c.out + r * c.a.N + half + j0, c.gated + r * half + j0, j1 - j0);
+}
+
+// item: kTilesPerItem gate tiles, then their up tiles (each run of tiles one stretch of weights), every row, then
+// their epilogue while the outputs are in cache
+void run_gated_item(void* data, size_t item) {
+  const Call& c = *static_cast<const Call*>(data);
+  int64_t first = static_cast<int64_t>(item) * kTilesPerItem, last = std::min(c.half_tiles, first + kTilesPerItem);
+  for (int64_t half : {int64_t{0}, c.half_tiles})
+    for (int64_t t = first + half; t < last + half; ++t)
+      for (int64_t r0 = 0; r0 < c.M; r0 += kRowGroup) c.tile(c, t, r0, std::min(kRowGroup, c.M - r0));
+  gated_rows(c, first * kTile, last * kTile);
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -351,11 +429,20 @@ OrtStatus* compute(void* op_kernel, OrtKernelContext* ctx) {
   c.wscale = static_cast<const float*>(scales.data);
   c.zp = static_cast<const uint8_t*>(zp.data);
   std::vector<int64_t> out_shape = a.shape;
-  out_shape.back() = c.a.N;
+  out_shape.back() = c.a.silu ? c.a.N / 2 : c.a.N;
   OrtValue* out = nullptr;
   RETURN_IF(g_api->KernelContext_GetOutput(ctx, 0, out_shape.data(), out_shape.size(), &out));
-  RETURN_IF(g_api->GetTensorMutableData(out, reinterpret_cast<void**>(&c.out)));
+  float* result = nullptr;
+  RETURN_IF(g_api->GetTensorMutableData(out, reinterpret_cast<void**>(&result)));
   if (c.M == 0) return nullptr;
+  std::vector<float> scratch;  // gated: gate and up, [M, N], before the epilogue
+  if (c.a.silu) {
+    scratch.resize(c.M * c.a.N);
+    c.out = scratch.data();
+    c.gated = result;
+  } else {
+    c.out = result;
+  }
   c.q.resize(c.M * c.padded_k);
   c.ascale.resize(c.M * c.blocks);
   c.asum.resize(c.M * c.blocks);
@@ -364,8 +451,16 @@ OrtStatus* compute(void* op_kernel, OrtKernelContext* ctx) {
     quantize_row(rows + r * c.a.K, c.a.K, c.a.block, c.blocks, c.q.data() + r * c.padded_k,
                  c.ascale.data() + r * c.blocks, c.asum.data() + r * c.blocks);
   c.tile = kern.isa == Isa::portable ? tile_portable : tile_avx2;
+  c.silu_mul = kern.isa == Isa::portable ? silu_mul_portable : silu_mul_avx2;
+  if (c.a.silu && (c.a.N / 2) % kTile == 0) {
+    c.half_tiles = c.a.N / 2 / kTile;
+    size_t items = static_cast<size_t>((c.half_tiles + kTilesPerItem - 1) / kTilesPerItem);
+    return g_api->KernelContext_ParallelFor(ctx, run_gated_item, items, 0, &c);
+  }
   size_t items = static_cast<size_t>((c.tiles + kTilesPerItem - 1) / kTilesPerItem);
-  return g_api->KernelContext_ParallelFor(ctx, run_item, items, 0, &c);
+  RETURN_IF(g_api->KernelContext_ParallelFor(ctx, run_item, items, 0, &c));
+  if (c.a.silu) gated_rows(c, 0, c.a.N / 2);  // halves that share a tile: the epilogue after every tile
+  return nullptr;
 }
 
 OrtStatus* create_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info, void** out) {
@@ -380,7 +475,30 @@ OrtStatus* create_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo*
       return fail(std::string("RowInvariantMatMulNBits needs the attribute ") + names[i]);
     }
   }
+  std::string gated = "none";
+  size_t size = 0;
+  OrtStatus* st = g_api->KernelInfoGetAttribute_string(info, "gated", nullptr, &size);
+  if (st) {
+    g_api->ReleaseStatus(st);  // absent: not gated
+  } else {
+    std::vector<char> text(size);
+    st = g_api->KernelInfoGetAttribute_string(info, "gated", text.data(), &size);
+    if (st) {
+      delete kern;
+      return st;
+    }
+    gated = std::string(text.data());
+  }
+  if (gated != "none" && gated != "silu") {
+    delete kern;
+    return fail("RowInvariantMatMulNBits: gated must be \"none\" or \"silu\", not \"" + gated + "\"");
+  }
+  kern->a.silu = gated == "silu";
   const Attrs& a = kern->a;
+  if (a.silu && a.N % 2) {
+    delete kern;
+    return fail("RowInvariantMatMulNBits: gated = \"silu\" needs an even N (gate and up halves)");
+  }
   if (a.K <= 0 || a.N <= 0 || (a.bits != 4 && a.bits != 8) || a.block < kChunk || a.block > kMaxBlock ||
       a.block % kChunk) {
     delete kern;

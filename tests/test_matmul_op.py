@@ -143,6 +143,100 @@ def test_the_avx2_path_gives_the_portable_paths_bits():
                                           err_msg=f"{shape}, {rows} rows")
 
 
+# (K, N, bits, block, symmetric) for the gated epilogue: halves of whole tiles (gate and up computed side by side)
+# and halves that share a tile (the epilogue after every tile)
+GATED = [(64, 48, 4, 32, False), (100, 26, 8, 64, False), (300, 80, 4, 128, True), (96, 18, 4, 32, True)]
+
+
+def gated_model(k: int, n: int, bits: int, block: int, symmetric: bool, seed: int = 0, gate_read: bool = False):
+    """MatMulNBits over [gate; up], Split in halves, Mul(gate, Sigmoid(gate)), Mul with up: the exporter's SiLU
+    MLP; `gate_read`: gate is a graph output too (then the chain must stay)."""
+    model, pw = nbits_model(k, n, bits, block, symmetric, seed)
+    graph = model.graph
+    graph.initializer.append(numpy_helper.from_array(np.array([n // 2, n // 2], np.int64), "halves"))
+    graph.node.extend([helper.make_node("Split", ["Y", "halves"], ["gate", "up"], axis=-1),
+                       helper.make_node("Sigmoid", ["gate"], ["sg"]), helper.make_node("Mul", ["gate", "sg"], ["act"]),
+                       helper.make_node("Mul", ["act", "up"], ["H"])])
+    del graph.output[:]
+    graph.output.append(helper.make_tensor_value_info("H", TensorProto.FLOAT, None))
+    if gate_read:
+        graph.output.append(helper.make_tensor_value_info("gate", TensorProto.FLOAT, None))
+    return model, pw
+
+
+def silu_mul_reference(y: np.ndarray) -> np.ndarray:
+    g, u = np.split(y.astype(np.float64), 2, axis=-1)
+    return g / (1 + np.exp(-g)) * u
+
+
+def attribute(node, name: str):
+    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), None)
+
+
+@pytest.mark.parametrize("k,n,bits,block,symmetric", GATED)
+def test_the_gated_operator_is_silu_of_gate_times_up(k, n, bits, block, symmetric):
+    model, pw = gated_model(k, n, bits, block, symmetric)
+    fused = rowwise(model)
+    assert [(node.op_type, attribute(node, "gated")) for node in fused.graph.node] == [
+        (attention_op.MATMUL_OP_TYPE, b"silu")]
+    assert {t.name for t in fused.graph.initializer} == set(fused.graph.node[0].input[1:])  # the sizes are gone
+    a = (np.random.default_rng(2).standard_normal((9, k)) * 4).astype(np.float32)
+    a[4] = 0.0
+    ours = open_model(fused).run(None, {"A": a})[0]
+    assert ours.shape == (9, n // 2)
+    want = silu_mul_reference(reference(a, pw, bits, block))
+    np.testing.assert_allclose(ours, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    unfused = open_model(model).run(None, {"A": a})[0]  # MatMulNBits and ONNX Runtime's SiLU: rounding apart
+    assert np.abs(ours - unfused).max() <= 1e-3 * np.abs(unfused).max()
+    assert not ours[4].any()
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(shape=st.sampled_from(GATED), rows=st.integers(1, 32), threads=st.sampled_from([1, 2]),
+       seed=st.integers(0, 2**16))
+def test_each_gated_row_is_that_row_computed_alone(shape, rows, threads, seed):
+    session = open_model(rowwise(gated_model(*shape)[0]), threads)
+    a = (np.random.default_rng(seed).standard_normal((1, rows, shape[0])) * 3).astype(np.float32)
+    whole = session.run(None, {"A": a})[0]
+    assert whole.shape == (1, rows, shape[1] // 2)
+    for r in range(rows):
+        np.testing.assert_array_equal(session.run(None, {"A": a[:, r:r + 1]})[0][0, 0], whole[0, r], err_msg=f"row {r}")
+
+
+def test_the_gated_avx2_path_gives_the_portable_paths_bits():
+    if attention_op.matmul_isa() != "avx2":
+        pytest.skip("this CPU takes the portable path only")
+    for shape in GATED:
+        model = rowwise(gated_model(*shape, seed=5)[0])
+        fast, portable = open_model(model, 2), open_model(model, 1, isa="portable")
+        for rows, spread in ((1, 1), (3, 4), (8, 30), (13, 200)):  # up to gates far past the exp's clamps
+            a = (np.random.default_rng(rows).standard_normal((rows, shape[0])) * spread).astype(np.float32)
+            got, want = fast.run(None, {"A": a})[0], portable.run(None, {"A": a})[0]
+            assert np.isfinite(want).all()
+            np.testing.assert_array_equal(got, want, err_msg=f"{shape}, {rows} rows")
+
+
+def test_the_fusion_takes_only_the_exact_silu_chain():
+    def rewritten(model):
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+        row_matmul.use_rowwise(out)
+        return [n.op_type for n in out.graph.node], attribute(out.graph.node[0], "gated")
+
+    assert rewritten(gated_model(64, 48, 4, 32, False, gate_read=True)[0]) == (
+        [attention_op.MATMUL_OP_TYPE, "Split", "Sigmoid", "Mul", "Mul"], None)
+    uneven, _ = gated_model(64, 48, 4, 32, False)
+    uneven.graph.initializer[-1].CopyFrom(numpy_helper.from_array(np.array([16, 32], np.int64), "halves"))
+    assert rewritten(uneven)[1] is None
+    tanh, _ = gated_model(64, 48, 4, 32, False)
+    tanh.graph.node[2].op_type = "Tanh"  # not SiLU (a GELU chain has no Sigmoid either)
+    assert rewritten(tanh)[1] is None
+    swapped, _ = gated_model(64, 48, 4, 32, False)
+    swapped.graph.node[3].input[:] = ["sg", "gate"]  # the same products in the other order: still SiLU
+    swapped.graph.node[4].input[:] = ["up", "act"]
+    assert rewritten(swapped) == ([attention_op.MATMUL_OP_TYPE], b"silu")
+
+
 def test_the_rewrite_and_its_refusals(monkeypatch):
     model, _ = nbits_model(64, 24, 4, 32, False)
     out = rowwise(model)
@@ -189,9 +283,15 @@ def rowwise_mm_bundle(tmp_path_factory, tiny_checkpoint):
 def test_bundles_with_both_operators_decode_as_ar_without_padding(rowwise_mm_bundle, precision):
     session = load(rowwise_mm_bundle(precision))
     assert session.bundle.manifest.graph.matmul == "rowwise"
+    gated = {}
     for name, spec in session.bundle.manifest.pieces.items():
-        ops = {n.op_type for n in onnx.load(str(session.bundle.root / spec.file), load_external_data=False).graph.node}
+        nodes = onnx.load(str(session.bundle.root / spec.file), load_external_data=False).graph.node
+        ops = {n.op_type for n in nodes}
         assert attention_op.MATMUL_OP_TYPE in ops and "MatMulNBits" not in ops, name
+        # every SiLU MLP runs in the operator's gated epilogue: no Split or Sigmoid left in any piece
+        assert not ops & {"Split", "Sigmoid"}, name
+        gated[name] = sum(attribute(n, "gated") == b"silu" for n in nodes)
+    assert gated["shallow"] > 0 and gated["deep"] > 0, gated  # the pieces holding decoder layers
     assert session.one_row_calls == "none"  # the load-time probe found one-row calls rounding as rows of many
     from specexport.runtime.inspect_bundle import inspect_bundle, render
 
