@@ -128,7 +128,7 @@ def test_make_systems_declares_the_ngram_baselines(monkeypatch, tmp_path):
     monkeypatch.setattr(bench_runner, "_checkpoint", lambda manifest: tmp_path)
     manifest = SimpleNamespace(precision="int4", provenance=SimpleNamespace(source_sha256="sha"))
     session = SimpleNamespace(bundle=SimpleNamespace(manifest=manifest), codec=SimpleNamespace(eos_ids=[2]),
-                              one_row_calls=False)
+                              one_row_calls="none", one_row_calls_note="run as one row")
     cfg = BenchConfig(bundle="b", modes=["ar"], baselines=["ortgenai-int4", "ortgenai-ngram-int4",
                                                             "ortgenai-ngram-fp32"])
     systems, skipped = make_systems(session, cfg, threads=1, log=lambda m: None)
