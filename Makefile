@@ -34,7 +34,8 @@ test: setup
 	$(BIN)/python -m pytest -q
 
 # the real model's lossless matrix at full strength: every mode, tree, schedule and policy against AR of the same
-# bundle at fp32, int8, int4 and fp16, 10 prompts x 96 tokens (the suite runs 5 x 64); ~30 minutes on 2 cores
+# bundle at fp32, int8, int4 and fp16, 10 prompts x 96 tokens (the suite runs 5 x 64 at fp32 and int4, 3 x 64 at
+# int8 and fp16); ~30 minutes on 2 cores
 test-lossless: setup
 	SPECEXPORT_LOSSLESS=full $(BIN)/python -m pytest -q tests/test_lossless_real.py
 

@@ -71,4 +71,4 @@ def test_concurrent_requests_are_batched_and_each_is_ar(session):
 
 def test_a_bundle_that_cannot_batch_is_refused_in_one_sentence(tiny_bundles):
     with pytest.raises(SpecExportError, match="--flavour standard"):
-        create_app(load(tiny_bundles("ort")), batch=2)
+        create_app(load(tiny_bundles("ort", attention="gqa")), batch=2)
