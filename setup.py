@@ -1,6 +1,6 @@
 """Native part of the build: the row-invariant attention and int4/int8 matmul operators
-(native/row_attention.cc, native/row_matmul.cc), one ONNX Runtime custom-op library shipped inside
-specexport.runtime. Everything else is declared in pyproject.toml.
+(native/row_attention.cc, native/row_matmul.cc, and native/custom_op.h, which both include), one ONNX Runtime
+custom-op library shipped inside specexport.runtime. Everything else is declared in pyproject.toml.
 
 The library is compiled with the system's C++ compiler against ONNX Runtime's C API headers, which the
 onnxruntime wheel does not carry. They come from Debian's `libonnxruntime-dev` (trixie, 1.21.0: API 21),
@@ -103,6 +103,7 @@ setup(
     ext_modules=[Extension(
         "specexport.runtime._row_attention",
         sources=["native/row_attention.cc", "native/row_matmul.cc"],
+        depends=["native/custom_op.h"],  # what both sources include: a change rebuilds them
         language="c++",
         # -ffp-contract=off: the compiler must not fuse a multiply and an add on its own, or the portable path
         # would round otherwise than the vector paths (which fuse exactly where the source says)

@@ -36,6 +36,8 @@
 #define AVX512_TARGET "avx512f,avx2,fma"
 #endif
 
+#include "custom_op.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -54,24 +56,6 @@ enum class Isa { portable, avx2, avx512 };
 
 // ---------------------------------------------------------------------------------------------------------
 // The canonical arithmetic, written once for one lane (the portable path) and mirrored op for op below.
-
-inline float exp_lane(float x) {  // e^x for x <= 0 (scores minus their maximum)
-  if (x < -87.0f) return 0.0f;
-  float n = std::nearbyint(x * 1.44269504088896341f);
-  float r = std::fma(n, -0.693359375f, x);
-  r = std::fma(n, 2.12194440e-4f, r);
-  float p = 1.9875691500e-4f;
-  p = std::fma(p, r, 1.3981999507e-3f);
-  p = std::fma(p, r, 8.3334519073e-3f);
-  p = std::fma(p, r, 4.1665795894e-2f);
-  p = std::fma(p, r, 1.6666665459e-1f);
-  p = std::fma(p, r, 5.0000001201e-1f);
-  float y = std::fma(p, r * r, r) + 1.0f;
-  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return y * scale;
-}
 
 inline float reduce_lanes(const float* s) {  // the fixed tree: (l, l+8), then (l, l+4), (l, l+2), (0, 1)
   float t[8], u[4], v[2];
@@ -121,24 +105,6 @@ __attribute__((target("avx2,fma"))) inline float reduce_avx2(__m256 lo, __m256 h
   __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
   __m128 v = _mm_add_ps(u, _mm_movehl_ps(u, u));
   return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
-}
-
-__attribute__((target("avx2,fma"))) inline __m256 exp_avx2(__m256 x) {
-  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693359375f), x);
-  r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-  __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  __m256 out = _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
-  __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
-  return _mm256_andnot_ps(under, out);
 }
 
 __attribute__((target("avx2,fma"))) float exp_sum_avx2(float* s, int n, float m) {
@@ -272,10 +238,8 @@ struct Kernels {
 
 Isa detect_isa() {
   // SPECEXPORT_ATTENTION_ISA=portable|avx2 forces a path (the tests compare them); the default is the widest
-  const char* forced = std::getenv("SPECEXPORT_ATTENTION_ISA");
-  std::string want = forced ? forced : "";
-  __builtin_cpu_init();
-  bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  std::string want = forced_isa("SPECEXPORT_ATTENTION_ISA");
+  bool avx2 = cpu_has_avx2_fma();
 #ifdef SPECEXPORT_SIMDE
   bool avx512 = avx2;
 #else
@@ -404,12 +368,6 @@ struct Kernel {
 };
 
 OrtStatus* fail(const std::string& msg) { return g_api->CreateStatus(ORT_INVALID_ARGUMENT, msg.c_str()); }
-
-#define RETURN_IF(expr)              \
-  do {                               \
-    OrtStatus* status_ = (expr);     \
-    if (status_) return status_;     \
-  } while (0)
 
 struct Tensor {
   const OrtValue* value = nullptr;
@@ -578,10 +536,8 @@ OrtStatus* create_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo*
 
 struct Op : OrtCustomOp {
   Op(uint32_t api_version) {
-    std::memset(static_cast<OrtCustomOp*>(this), 0, sizeof(OrtCustomOp));
-    version = api_version;
+    fill_common(this, api_version);
     GetName = [](const OrtCustomOp*) { return "RowInvariantAttention"; };
-    GetExecutionProviderType = [](const OrtCustomOp*) { return "CPUExecutionProvider"; };
     GetInputTypeCount = [](const OrtCustomOp*) -> size_t { return 11; };
     GetInputType = [](const OrtCustomOp*, size_t i) {
       if (i == 5 || i == 6) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
@@ -594,21 +550,9 @@ struct Op : OrtCustomOp {
       bool required = i == 0 || i == 3 || i == 4 || i == 5 || i == 6;
       return required ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
     };
-    GetOutputCharacteristic = [](const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; };
-    GetInputMemoryType = [](const OrtCustomOp*, size_t) { return OrtMemTypeDefault; };
-    GetVariadicInputMinArity = [](const OrtCustomOp*) { return 1; };
-    GetVariadicInputHomogeneity = [](const OrtCustomOp*) { return 1; };
-    GetVariadicOutputMinArity = [](const OrtCustomOp*) { return 1; };
-    GetVariadicOutputHomogeneity = [](const OrtCustomOp*) { return 1; };
     CreateKernelV2 = create_kernel;
     KernelComputeV2 = compute;
     KernelDestroy = [](void* k) { delete static_cast<Kernel*>(k); };
-    GetStartVersion = [](const OrtCustomOp*) { return 1; };
-    GetEndVersion = [](const OrtCustomOp*) { return 1 << 30; };
-    GetMayInplace = [](int**, int**) -> size_t { return 0; };
-    ReleaseMayInplace = [](int*, int*) {};
-    GetAliasMap = [](int**, int**) -> size_t { return 0; };
-    ReleaseAliasMap = [](int*, int*) {};
   }
 };
 

@@ -33,6 +33,8 @@
 
 #include <immintrin.h>
 
+#include "custom_op.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -111,25 +113,10 @@ inline int32_t code_at(const uint8_t* wb, int64_t bits, int64_t col, int64_t i) 
   return v < 16 ? byte & 15 : byte >> 4;
 }
 
-// e^x, its range cut to [-87, 88] (below: 0, so silu(g) = g; above would overflow): the Cephes-style split
-// x = n ln2 + r and polynomial of native/row_attention.cc's exp, written again here with the upper clamp.
+// e^x, its range cut to [-87, 88] (below: 0, so silu(g) = g; above would overflow): custom_op.h's exp, shared
+// with the attention's softmax, after the upper clamp
 inline float exp_clamped(float x) {
-  x = x < 88.0f ? x : 88.0f;  // as _mm256_min_ps(x, 88): a NaN becomes 88 on both paths
-  if (x < -87.0f) return 0.0f;  // (the AVX2 path masks these lanes to 0 after the fact)
-  float n = std::nearbyint(x * 1.44269504088896341f);
-  float r = std::fma(n, -0.693359375f, x);
-  r = std::fma(n, 2.12194440e-4f, r);
-  float p = 1.9875691500e-4f;
-  p = std::fma(p, r, 1.3981999507e-3f);
-  p = std::fma(p, r, 8.3334519073e-3f);
-  p = std::fma(p, r, 4.1665795894e-2f);
-  p = std::fma(p, r, 1.6666665459e-1f);
-  p = std::fma(p, r, 5.0000001201e-1f);
-  float y = std::fma(p, r * r, r) + 1.0f;
-  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return y * scale;
+  return exp_lane(x < 88.0f ? x : 88.0f);  // as _mm256_min_ps(x, 88): a NaN becomes 88 on both paths
 }
 
 void silu_mul_portable(const float* g, const float* u, float* out, int64_t n) {  // out = g / (1 + e^-g) * u
@@ -252,21 +239,7 @@ __attribute__((target("avx2,fma"))) void int8_rows_avx2(const Ptrs& p, int64_t t
 }
 
 __attribute__((target("avx2,fma"))) inline __m256 exp_clamped_avx2(__m256 x) {
-  x = _mm256_min_ps(x, _mm256_set1_ps(88.0f));
-  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693359375f), x);
-  r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-  __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  __m256 out = _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
-  return _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ), out);
+  return exp_avx2(_mm256_min_ps(x, _mm256_set1_ps(88.0f)));
 }
 
 __attribute__((target("avx2,fma"))) void silu_mul_avx2(const float* g, const float* u, float* out, int64_t n) {
@@ -330,10 +303,8 @@ void tile_avx2(const Call& c, int64_t t, int64_t r0, int64_t rows) {
 
 Isa detect_isa() {
   // SPECEXPORT_MATMUL_ISA=portable forces the portable path (the tests compare the paths)
-  const char* forced = std::getenv("SPECEXPORT_MATMUL_ISA");
-  if (forced && std::string(forced) == "portable") return Isa::portable;
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? Isa::avx2 : Isa::portable;
+  if (forced_isa("SPECEXPORT_MATMUL_ISA") == "portable") return Isa::portable;
+  return cpu_has_avx2_fma() ? Isa::avx2 : Isa::portable;
 }
 
 const char* isa_name(Isa isa) { return isa == Isa::avx2 ? "avx2" : "portable"; }
@@ -371,12 +342,6 @@ struct Kernel {
 };
 
 OrtStatus* fail(const std::string& msg) { return g_api->CreateStatus(ORT_INVALID_ARGUMENT, msg.c_str()); }
-
-#define RETURN_IF(expr)          \
-  do {                           \
-    OrtStatus* status_ = (expr); \
-    if (status_) return status_; \
-  } while (0)
 
 struct Tensor {
   std::vector<int64_t> shape;
@@ -512,10 +477,8 @@ OrtStatus* create_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo*
 
 struct Op : OrtCustomOp {
   explicit Op(uint32_t api_version) {
-    std::memset(static_cast<OrtCustomOp*>(this), 0, sizeof(OrtCustomOp));
-    version = api_version;
+    fill_common(this, api_version);
     GetName = [](const OrtCustomOp*) { return "RowInvariantMatMulNBits"; };
-    GetExecutionProviderType = [](const OrtCustomOp*) { return "CPUExecutionProvider"; };
     GetInputTypeCount = [](const OrtCustomOp*) -> size_t { return 4; };
     GetInputType = [](const OrtCustomOp*, size_t i) {
       return i == 0 || i == 2 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
@@ -523,21 +486,9 @@ struct Op : OrtCustomOp {
     GetOutputTypeCount = [](const OrtCustomOp*) -> size_t { return 1; };
     GetOutputType = [](const OrtCustomOp*, size_t) { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; };
     GetInputCharacteristic = [](const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; };
-    GetOutputCharacteristic = [](const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; };
-    GetInputMemoryType = [](const OrtCustomOp*, size_t) { return OrtMemTypeDefault; };
-    GetVariadicInputMinArity = [](const OrtCustomOp*) { return 1; };
-    GetVariadicInputHomogeneity = [](const OrtCustomOp*) { return 1; };
-    GetVariadicOutputMinArity = [](const OrtCustomOp*) { return 1; };
-    GetVariadicOutputHomogeneity = [](const OrtCustomOp*) { return 1; };
     CreateKernelV2 = create_kernel;
     KernelComputeV2 = compute;
     KernelDestroy = [](void* k) { delete static_cast<Kernel*>(k); };
-    GetStartVersion = [](const OrtCustomOp*) { return 1; };
-    GetEndVersion = [](const OrtCustomOp*) { return 1 << 30; };
-    GetMayInplace = [](int**, int**) -> size_t { return 0; };
-    ReleaseMayInplace = [](int*, int*) {};
-    GetAliasMap = [](int**, int**) -> size_t { return 0; };
-    ReleaseAliasMap = [](int*, int*) {};
   }
 };
 

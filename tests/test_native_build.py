@@ -13,16 +13,17 @@ from specexport.runtime import attention_op
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = [REPO / "native" / "row_attention.cc", REPO / "native" / "row_matmul.cc"]
+HEADER = REPO / "native" / "custom_op.h"  # what both sources include
 
 
-def _extensions() -> list[tuple[str, list[str]]]:
-    """(name, sources) of every Extension(...) call in setup.py, read without running it."""
+def _extensions(keyword: str = "sources") -> list[tuple[str, list[str]]]:
+    """(name, that keyword's list) of every Extension(...) call in setup.py, read without running it."""
     found = []
     for node in ast.walk(ast.parse((REPO / "setup.py").read_text())):
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Extension":
             name = ast.literal_eval(node.args[0])
-            sources = next(ast.literal_eval(k.value) for k in node.keywords if k.arg == "sources")
-            found.append((name, sources))
+            values = next((ast.literal_eval(k.value) for k in node.keywords if k.arg == keyword), [])
+            found.append((name, values))
     return found
 
 
@@ -33,7 +34,11 @@ def test_the_build_backend_declares_the_operator():
     assert (f"specexport.runtime.{attention_op.LIBRARY}", ["native/row_attention.cc", "native/row_matmul.cc"]) \
         in _extensions()
     assert "build_ext" in (REPO / "setup.py").read_text()  # the command that fetches the headers first
-    assert "include native/*.cc" in (REPO / "MANIFEST.in").read_text()  # an sdist can build it too
+    manifest = (REPO / "MANIFEST.in").read_text()
+    assert "include native/*.cc" in manifest and "include native/*.h" in manifest  # an sdist can build it too
+    # setuptools rebuilds the library when a source changes, and when the shared header does only if told
+    assert (f"specexport.runtime.{attention_op.LIBRARY}", ["native/custom_op.h"]) in _extensions("depends")
+    assert all(f'#include "{HEADER.name}"' in source.read_text() for source in SOURCES)
 
 
 def test_make_setup_installs_through_the_backend_and_rebuilds_on_change():
@@ -41,7 +46,8 @@ def test_make_setup_installs_through_the_backend_and_rebuilds_on_change():
     rule = re.search(r"^\$\(BIN\)/specexport:(.*)$\n((?:\t.*\n)+)", makefile, re.M)
     assert rule, "the Makefile has no $(BIN)/specexport rule"
     prerequisites, recipe = rule.group(1).split(), rule.group(2)
-    assert {"pyproject.toml", "setup.py", "native/row_attention.cc", "native/row_matmul.cc"} <= set(prerequisites)
+    assert {"pyproject.toml", "setup.py", "native/row_attention.cc", "native/row_matmul.cc", "native/custom_op.h"} \
+        <= set(prerequisites)
     assert re.search(r"pip install .*-e '\.\[", recipe), "make setup no longer installs the package itself"
     assert "SPECEXPORT_NO_NATIVE" not in makefile
 
@@ -49,7 +55,7 @@ def test_make_setup_installs_through_the_backend_and_rebuilds_on_change():
 def test_the_installed_package_carries_a_current_library():
     path = attention_op.library_path()
     assert path is not None, f"the installed package has no attention operator: {attention_op.load_error()}"
-    for source in SOURCES:
+    for source in [*SOURCES, HEADER]:
         assert path.stat().st_mtime >= source.stat().st_mtime, f"{path.name} is older than {source.name}: make setup"
     assert attention_op.load_error() is None
     # the Python module's own runtime serves it: the library must not pull in a second one
