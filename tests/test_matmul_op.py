@@ -20,7 +20,7 @@ from specexport.runtime import attention_op, load
 from specexport.runtime.errors import SpecExportError
 
 from .conftest import make_noisy_drafter
-from .test_rowwise_bundles import PROMPTS, SYSTEMS
+from .test_rowwise_bundles import every_mode_gives_ar_tokens
 
 pytestmark = pytest.mark.skipif(not attention_op.available(), reason="the operator library is not built")
 
@@ -131,12 +131,17 @@ def test_the_doctor_names_the_matmul_path():
     assert f"{attention_op.MATMUL_OP_TYPE} its {attention_op.matmul_isa()} path" in probe.why
 
 
-def test_the_avx2_path_gives_the_portable_paths_bits():
+def fast_and_portable(model) -> tuple[ort.InferenceSession, ort.InferenceSession]:
+    """Sessions on `model` taking the AVX2 path (2 threads) and the portable path; a skip where this CPU has no
+    AVX2 path to compare."""
     if attention_op.matmul_isa() != "avx2":
         pytest.skip("this CPU takes the portable path only")
+    return open_model(model, 2), open_model(model, 1, isa="portable")
+
+
+def test_the_avx2_path_gives_the_portable_paths_bits():
     for shape in SHAPES:
-        model = rowwise(nbits_model(*shape, seed=3)[0])
-        fast, portable = open_model(model, 2), open_model(model, 1, isa="portable")
+        fast, portable = fast_and_portable(rowwise(nbits_model(*shape, seed=3)[0]))
         for rows in (1, 2, 3, 5, 8, 13):
             a = (np.random.default_rng(rows).standard_normal((rows, shape[0])) * 2).astype(np.float32)
             np.testing.assert_array_equal(fast.run(None, {"A": a})[0], portable.run(None, {"A": a})[0],
@@ -204,11 +209,8 @@ def test_each_gated_row_is_that_row_computed_alone(shape, rows, threads, seed):
 
 
 def test_the_gated_avx2_path_gives_the_portable_paths_bits():
-    if attention_op.matmul_isa() != "avx2":
-        pytest.skip("this CPU takes the portable path only")
     for shape in GATED:
-        model = rowwise(gated_model(*shape, seed=5)[0])
-        fast, portable = open_model(model, 2), open_model(model, 1, isa="portable")
+        fast, portable = fast_and_portable(rowwise(gated_model(*shape, seed=5)[0]))
         for rows, spread in ((1, 1), (3, 4), (8, 30), (13, 200)):  # up to gates far past the exp's clamps
             a = (np.random.default_rng(rows).standard_normal((rows, shape[0])) * spread).astype(np.float32)
             got, want = fast.run(None, {"A": a})[0], portable.run(None, {"A": a})[0]
@@ -297,15 +299,7 @@ def test_bundles_with_both_operators_decode_as_ar_without_padding(rowwise_mm_bun
 
     assert f"matmul rowwise (specexport.{attention_op.MATMUL_OP_TYPE}; loads here)" in render(
         inspect_bundle(session.bundle.root))
-    drafted = 0
-    for prompt in PROMPTS:
-        ar = session.generate(prompt, max_new_tokens=48, mode="ar")
-        assert len(ar.tokens) > 10
-        for system, opts in SYSTEMS.items():
-            out = session.generate(prompt, max_new_tokens=48, **opts)
-            assert out.tokens == ar.tokens, (precision, system, prompt)
-            drafted += out.stats.drafted
-    assert drafted > 0
+    every_mode_gives_ar_tokens(session, precision)
 
 
 def test_load_refuses_a_rowwise_matmul_bundle_without_the_library(rowwise_mm_bundle, monkeypatch):
