@@ -55,22 +55,23 @@ def available() -> bool:
     return load_error() is None
 
 
-def isa() -> str | None:
-    """The vector path the operator takes on this CPU (avx512, avx2 or portable), None without the library."""
+def _ask_library(function: str) -> str | None:
+    """The string a no-argument function of the library returns, None without the library."""
     if not available():
         return None
-    lib = ctypes.CDLL(str(library_path()))
-    lib.SpecexportAttentionIsa.restype = ctypes.c_char_p
-    return lib.SpecexportAttentionIsa().decode()
+    query = getattr(ctypes.CDLL(str(library_path())), function)
+    query.restype = ctypes.c_char_p
+    return query().decode()
+
+
+def isa() -> str | None:
+    """The vector path the operator takes on this CPU (avx512, avx2 or portable), None without the library."""
+    return _ask_library("SpecexportAttentionIsa")
 
 
 def matmul_isa() -> str | None:
     """The vector path the matmul operator takes on this CPU (avx2 or portable), None without the library."""
-    if not available():
-        return None
-    lib = ctypes.CDLL(str(library_path()))
-    lib.SpecexportMatMulIsa.restype = ctypes.c_char_p
-    return lib.SpecexportMatMulIsa().decode()
+    return _ask_library("SpecexportMatMulIsa")
 
 
 def needed(attention: str, matmul: str) -> bool:
