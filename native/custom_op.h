@@ -1,5 +1,5 @@
 // What the library's two operators (native/row_attention.cc, native/row_matmul.cc) share: the OrtCustomOp
-// fields they set alike, the status macro, the CPU check behind their ISA choice, and the exp of the
+// fields they set alike, the status macro, reading an input tensor, the CPU check behind their ISA choice, and the exp of the
 // attention's softmax and the matmul's SiLU epilogue.
 //
 // Everything here has internal linkage: each source compiles its own copy with its own intrinsics (the
@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #define RETURN_IF(expr)          \
   do {                           \
@@ -44,6 +45,28 @@ inline void fill_common(OrtCustomOp* op, uint32_t api_version) {
   op->ReleaseMayInplace = [](int*, int*) {};
   op->GetAliasMap = [](int**, int**) -> size_t { return 0; };
   op->ReleaseAliasMap = [](int*, int*) {};
+}
+
+// A tensor's dimensions; `api` is the caller's (each source holds the one RegisterCustomOps was given).
+inline OrtStatus* shape_of(const OrtApi* api, const OrtValue* value, std::vector<int64_t>* shape) {
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  RETURN_IF(api->GetTensorTypeAndShape(value, &info));
+  size_t rank = 0;
+  OrtStatus* st = api->GetDimensionsCount(info, &rank);
+  if (!st) {
+    shape->resize(rank);
+    st = api->GetDimensions(info, shape->data(), rank);
+  }
+  api->ReleaseTensorTypeAndShapeInfo(info);
+  return st;
+}
+
+// An input's data, read only: API 21 has no const accessor.
+inline OrtStatus* data_of(const OrtApi* api, const OrtValue* value, const void** data) {
+  void* mutable_data = nullptr;
+  RETURN_IF(api->GetTensorMutableData(const_cast<OrtValue*>(value), &mutable_data));
+  *data = mutable_data;
+  return nullptr;
 }
 
 // The path an environment variable forces ("" when unset), for the tests that compare the paths.

@@ -378,20 +378,8 @@ struct Tensor {
 OrtStatus* input(OrtKernelContext* ctx, size_t index, Tensor* t) {
   RETURN_IF(g_api->KernelContext_GetInput(ctx, index, &t->value));
   if (!t->value) return nullptr;
-  OrtTensorTypeAndShapeInfo* info = nullptr;
-  RETURN_IF(g_api->GetTensorTypeAndShape(t->value, &info));
-  size_t rank = 0;
-  OrtStatus* st = g_api->GetDimensionsCount(info, &rank);
-  if (!st) {
-    t->shape.resize(rank);
-    st = g_api->GetDimensions(info, t->shape.data(), rank);
-  }
-  g_api->ReleaseTensorTypeAndShapeInfo(info);
-  RETURN_IF(st);
-  void* data = nullptr;  // read only: API 21 has no const accessor
-  RETURN_IF(g_api->GetTensorMutableData(const_cast<OrtValue*>(t->value), &data));
-  t->data = data;
-  return nullptr;
+  RETURN_IF(shape_of(g_api, t->value, &t->shape));
+  return data_of(g_api, t->value, &t->data);
 }
 
 template <typename T>

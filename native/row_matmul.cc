@@ -353,21 +353,9 @@ OrtStatus* input(OrtKernelContext* ctx, size_t index, Tensor* t) {
   const OrtValue* value = nullptr;
   RETURN_IF(g_api->KernelContext_GetInput(ctx, index, &value));
   if (!value) return fail("RowInvariantMatMulNBits: input " + std::to_string(index) + " is missing");
-  OrtTensorTypeAndShapeInfo* info = nullptr;
-  RETURN_IF(g_api->GetTensorTypeAndShape(value, &info));
-  size_t rank = 0;
-  OrtStatus* st = g_api->GetDimensionsCount(info, &rank);
-  if (!st) {
-    t->shape.resize(rank);
-    st = g_api->GetDimensions(info, t->shape.data(), rank);
-  }
-  g_api->ReleaseTensorTypeAndShapeInfo(info);
-  RETURN_IF(st);
+  RETURN_IF(shape_of(g_api, value, &t->shape));
   for (int64_t d : t->shape) t->size *= d;
-  void* data = nullptr;  // read only: API 21 has no const accessor
-  RETURN_IF(g_api->GetTensorMutableData(const_cast<OrtValue*>(value), &data));
-  t->data = data;
-  return nullptr;
+  return data_of(g_api, value, &t->data);
 }
 
 OrtStatus* compute(void* op_kernel, OrtKernelContext* ctx) {
