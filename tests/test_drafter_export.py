@@ -65,8 +65,9 @@ def test_external_drafter_exports_and_matches_torch_across_the_cache(tiny_checkp
     model = AutoModelForCausalLM.from_pretrained(drafter_checkpoint, dtype=torch.float32).eval()
     with torch.inference_mode():
         want = model(torch.from_numpy(ids)[None]).logits[0].numpy()
-    piece = OrtPiece("drafter", out / spec["file"], read_manifest(out).pieces["drafter"], 128, ["CPUExecutionProvider"],
-                     1)
+    manifest = read_manifest(out)  # the pieces' operators (the default build's row-invariant ones) come from it
+    piece = OrtPiece("drafter", out / spec["file"], manifest.pieces["drafter"], 128, ["CPUExecutionProvider"], 1,
+                     manifest.graph.attention, manifest.graph.matmul)
     first = piece.run(ids[None, :10], 0, keep=10)
     second = piece.run(ids[None, 10:], 10, keep=3)  # against the cache of the first call
     got = np.concatenate([first["logits"][0], second["logits"][0]])
@@ -220,8 +221,9 @@ def test_trained_drafter_builds_with_parity_and_refuses_other_targets(trained, t
     assert spec["training"]["heldout"] == meta["heldout"] and spec["source"]["kind"] == "spec-drafter"
     vocab = np.load(tmp_path / "b" / "drafter_vocab.npy")
     assert np.array_equal(vocab, np.load(out / "drafter_vocab.npy")) and np.all(np.diff(vocab) > 0)
-    piece = OrtPiece("drafter", tmp_path / "b" / spec["file"], read_manifest(tmp_path / "b").pieces["drafter"], 128,
-                     ["CPUExecutionProvider"], 1)
+    manifest = read_manifest(tmp_path / "b")
+    piece = OrtPiece("drafter", tmp_path / "b" / spec["file"], manifest.pieces["drafter"], 128,
+                     ["CPUExecutionProvider"], 1, manifest.graph.attention, manifest.graph.matmul)
     assert set(piece.run(np.array([[5, 17, 42]]), 0)["top_token"].ravel()) <= set(vocab.tolist())
 
     with pytest.raises(SpecExportError, match="trained for another target model"):
