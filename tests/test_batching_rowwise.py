@@ -171,3 +171,35 @@ def test_serve_batch_4_on_int4_gives_four_clients_ar_text(rowwise_bundle):  # no
         assert counts.max_rows >= 2 and counts.steps < counts.row_steps, counts
     finally:
         server.stop()
+
+
+def _hide(bundle, tmp_path, field: str):
+    import json
+    import shutil
+
+    copy = tmp_path / "b"
+    shutil.copytree(bundle, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    del manifest["graph"][field]  # what a manifest without the field means: ONNX Runtime's own operator
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    return copy
+
+
+def test_a_manifest_that_hides_the_attention_operator_is_refused_naming_the_field(rowwise_bundle, tmp_path):  # noqa: F811
+    copy = _hide(rowwise_bundle("fp32"), tmp_path, "attention")
+    said = r"the graph of piece '\w+' uses specexport's RowInvariantAttention operator, but manifest field graph.attention"
+    with pytest.raises(SpecExportError, match=said) as err:
+        load(copy)
+    assert ". " not in str(err.value)
+
+
+def test_a_manifest_that_hides_the_matmul_operator_is_refused_naming_the_field(tiny_checkpoint, tmp_path):
+    from specexport.exporter.build import build_bundle
+
+    build_bundle(tmp_path / "built", model=str(tiny_checkpoint), context=128, adapter="none", drafter="none",
+                 precision="int4", attention="gqa", matmul="rowwise")
+    copy = _hide(tmp_path / "built", tmp_path, "matmul")
+    said = r"the graph of piece '\w+' uses specexport's RowInvariantMatMulNBits operator, but manifest field graph.matmul"
+    with pytest.raises(SpecExportError, match=said) as err:
+        load(copy)
+    assert ". " not in str(err.value)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +63,20 @@ def _graph_io(args) -> dict[str, tuple[str, tuple]]:
     return {t.name: (ORT_DTYPES.get(t.type, t.type), tuple(t.shape)) for t in args}
 
 
+def unloadable(name: str, path: Path, exc: Exception, attention: str, matmul: str) -> str:
+    """Why ONNX Runtime could not open a piece, in one sentence: a graph that uses one of specexport's operators
+    which the manifest does not declare names the manifest field; anything else is ONNX Runtime's own reason."""
+    reason = " ".join(str(exc).split())
+    used = re.search(rf"{attention_op.DOMAIN}:(\w+)\(-?\d+\) is not a registered function/op", reason)
+    fields = {attention_op.OP_TYPE: ("graph.attention", attention),
+              attention_op.MATMUL_OP_TYPE: ("graph.matmul", matmul)}
+    if used and used.group(1) in fields:
+        field, said = fields[used.group(1)]
+        return (f"the graph of piece {name!r} uses specexport's {used.group(1)} operator, but manifest field {field}"
+                f" says {said!r}; rebuild the bundle")
+    return f"ONNX Runtime could not load piece {name!r} from {path}: {reason.replace('. ', '; ')}"
+
+
 def check_session_io(name: str, spec: PieceSpec, session: ort.InferenceSession) -> None:
     """Refuses, in one sentence, a piece whose graph's inputs or outputs are not those its manifest declares."""
     check_io(name, "input", list(spec.inputs), _graph_io(session.get_inputs()))
@@ -107,7 +122,7 @@ class OrtPiece:
             self.session = ort.InferenceSession(str(path), session_options(threads, attention, matmul),
                                                 providers=provider_list(providers, Path(path).parent))
         except Exception as exc:
-            raise SpecExportError(f"ONNX Runtime could not load piece {name!r} from {path}: {exc}") from None
+            raise SpecExportError(unloadable(name, path, exc, attention, matmul)) from None
         self.inputs, self.outputs = list(spec.inputs), list(spec.outputs)
         check_session_io(name, spec, self.session)
         self.primary = next(t.name for t in self.inputs if t.name in ("input_ids", "hidden_in"))

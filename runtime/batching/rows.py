@@ -33,7 +33,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ..backends.buckets import bucket
-from ..backends.ort import check_session_io, session_options
+from ..backends.ort import check_session_io, session_options, unloadable
 from ..bundle import Bundle
 from ..errors import RunError, SpecExportError
 from ..manifest import Piece as PieceSpec
@@ -74,7 +74,7 @@ class BatchedPiece:
             try:
                 session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
             except Exception as exc:
-                raise SpecExportError(f"ONNX Runtime could not load piece {name!r} from {path}: {exc}") from None
+                raise SpecExportError(unloadable(name, path, exc, attention, matmul)) from None
         check_session_io(name, spec, session)
         self.session = session
         self.input_names = {t.name for t in spec.inputs}
