@@ -187,7 +187,8 @@ def _hide(bundle, tmp_path, field: str):
 
 def test_a_manifest_that_hides_the_attention_operator_is_refused_naming_the_field(rowwise_bundle, tmp_path):  # noqa: F811
     copy = _hide(rowwise_bundle("fp32"), tmp_path, "attention")
-    said = r"the graph of piece '\w+' uses specexport's RowInvariantAttention operator, but manifest field graph.attention"
+    said = (r"the graph of piece '\w+' uses specexport's RowInvariantAttention operator,"
+            r" but manifest field graph.attention")
     with pytest.raises(SpecExportError, match=said) as err:
         load(copy)
     assert ". " not in str(err.value)
@@ -199,7 +200,8 @@ def test_a_manifest_that_hides_the_matmul_operator_is_refused_naming_the_field(t
     build_bundle(tmp_path / "built", model=str(tiny_checkpoint), context=128, adapter="none", drafter="none",
                  precision="int4", attention="gqa", matmul="rowwise")
     copy = _hide(tmp_path / "built", tmp_path, "matmul")
-    said = r"the graph of piece '\w+' uses specexport's RowInvariantMatMulNBits operator, but manifest field graph.matmul"
+    said = (r"the graph of piece '\w+' uses specexport's RowInvariantMatMulNBits operator,"
+            r" but manifest field graph.matmul")
     with pytest.raises(SpecExportError, match=said) as err:
         load(copy)
     assert ". " not in str(err.value)
