@@ -34,7 +34,7 @@ class Draft:
     hidden: np.ndarray | None = None  # shallow states of history[-1] + tokens, when the drafter made them
     catchup_s: float = 0.0  # seconds spent reading history the drafter had not seen yet (not a per-step cost)
     parents: list[int] | None = None  # a token tree: each of [history[-1], *tokens]'s parent (runtime/tree.py)
-    ahead: list[int] = field(default_factory=list)  # a tree's branch past its final tokens (tree.settle)
+    ahead: list[int] = field(default_factory=list)  # a tree's branch past its final tokens (tree.settle_branch)
 
 
 class Drafter(Protocol):

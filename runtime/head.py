@@ -115,7 +115,7 @@ class HeadTreeDrafter:
     level by level from the likeliest leaves, each expansion one head call over the frontier with a tree mask.
     A node's slot reads its parent's head state and its own token, at the position its token's parent holds;
     slots before the step's are the target-fed ones every node sees. Prompt lookup's continuation joins as
-    one more branch. Where rows off the tree's leading chain are not final (runtime/tree.settle), the next step
+    one more branch. Where rows off the tree's leading chain are not final (runtime/tree.settle_branch), the next step
     drafts afresh from the head rather than carrying them as a trunk."""
 
     name = "head-tree"

@@ -8,7 +8,7 @@ never run twice on a token; for other drafters one shallow call makes them), and
 prefix plus the target's own next token. Caches are rolled back by moving the position: nothing is
 copied or cleared. A draft may be a token tree (runtime/tree.py, greedy): the same calls then take a
 tree mask; the target's branch through the tree is final as far as rows computed exactly like AR's
-decide it, and the tree drafter verifies the rest again in the next step (`settle`). With `full_trees`
+decide it, and the tree drafter verifies the rest again in the next step (`settle_branch`). With `full_trees`
 every row is, so the whole branch is final, and its cache entries are the one thing ever copied: they
 move from the tree's slots to consecutive ones (`tree.lay_out_branch`).
 """

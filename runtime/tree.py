@@ -13,7 +13,7 @@ read the whole tree in one call each and the target's greedy token is followed d
 With the rowwise attention operator every row is computed bit for bit as AR computes its branch laid out as
 a chain, so the whole branch is final and its cache entries move to consecutive slots (`trees_in_full`).
 With GroupQueryAttention only rows laid out as a sequence are, so the branch is final only that far; the
-rest leads the next step's tree as a chain, its trunk, and is verified again there (`settle`).
+rest leads the next step's tree as a chain, its trunk, and is verified again there (`settle_branch`).
 Prompt lookup's continuation joins the tree as one more branch when the text so far repeats.
 Greedy only: the output is exactly the target's greedy output. On a GPU a verify call costs about the
 same for 1 or 64 tokens; on a CPU it does not (BENCHMARKS.md), so the node budget matters there.
@@ -131,7 +131,7 @@ class TreeDrafter:
 
     def propose(self, history: list[int], budget: int, policy: DraftPolicy, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
-        # what the last tree's target rows chose beyond the final tokens (`settle`): a chain ahead of the
+        # what the last tree's target rows chose beyond the final tokens (`settle_branch`): a chain ahead of the
         # new tree, verified again in rows computed as AR computes them; the call ends at the context's end
         limit = self.max_context
         trunk = self.draft.ahead[: max(0, limit - len(history))] if len(history) - 1 == self.trunk_at else []
@@ -260,11 +260,6 @@ def tree_depth(parents: list[int]) -> int:
     for i in range(1, len(parents)):  # a parent comes before its children
         depths[i] = depths[parents[i]] + 1
     return max(depths)
-
-
-def settle(draft: Draft, logits: np.ndarray, full: bool = False) -> list[int]:
-    """`settle_branch`'s final tokens alone."""
-    return settle_branch(draft, logits, full)[0]
 
 
 def settle_branch(draft: Draft, logits: np.ndarray, full: bool = False) -> tuple[list[int], list[int]]:

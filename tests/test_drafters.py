@@ -173,23 +173,23 @@ def test_tree_selection_keeps_branches_whole():
 
 def test_settle_makes_final_only_what_rows_laid_out_as_a_sequence_decide():
     from specexport.runtime.drafters import Draft
-    from specexport.runtime.tree import settle
+    from specexport.runtime.tree import settle_branch
 
     # slots: root 0, a 1 (child of root), b 2 (root), c 3 (under b), d 4 (under c); the leading chain of
     # slots is 0-1, so rows 0 and 1 are AR's arithmetic and rows 2-4 are not
     draft = Draft([10, 11, 12, 13], parents=[-1, 0, 0, 2, 3])
     logits = np.zeros((5, 20))
     logits[0, 11] = logits[2, 12] = logits[3, 13] = logits[4, 19] = 1.0  # root -> b -> c -> d, then 19
-    assert settle(draft, logits) == [11] and draft.ahead == [12, 13, 19]
+    assert settle_branch(draft, logits)[0] == [11] and draft.ahead == [12, 13, 19]
     # along the leading chain everything it decides is final, the token after it included
     draft = Draft([10, 11, 12, 13], parents=[-1, 0, 1, 2, 0])  # chain 0-1-2-3, then a sibling of 1
     logits = np.zeros((5, 20))
     logits[0, 10] = logits[1, 11] = logits[2, 12] = logits[3, 7] = 1.0
-    assert settle(draft, logits) == [10, 11, 12, 7] and draft.ahead == []
+    assert settle_branch(draft, logits)[0] == [10, 11, 12, 7] and draft.ahead == []
     # the sibling's row decides nothing final beyond its own token
     logits = np.zeros((5, 20))
     logits[0, 13] = logits[4, 5] = 1.0
-    assert settle(draft, logits) == [13] and draft.ahead == [5]
+    assert settle_branch(draft, logits)[0] == [13] and draft.ahead == [5]
 
 
 def test_lookup_branch_is_grafted_sharing_what_the_tree_has():

@@ -21,7 +21,7 @@ from specexport.runtime.backends.common import TreeMask
 from specexport.runtime.backends.tensorrt import open_trt_piece
 from specexport.runtime.bundle import load_bundle
 from specexport.runtime.drafters import Draft
-from specexport.runtime.tree import settle, walk
+from specexport.runtime.tree import settle_branch, walk
 
 from .test_tensorrt_calls import CudaRuntimeDouble, TensorRTDouble
 from .test_tensorrt_fp16 import make_tiny_bundle
@@ -108,7 +108,7 @@ def test_tree_steps_never_move_a_cache_slot(engines_128, tree, pos):
         pos = 128 - n
     draft = Draft(tokens=list(range(1, n)), parents=parents)
     path, _ = walk([-1, *draft.tokens], parents, logits)
-    final = settle(draft, logits)
+    final = settle_branch(draft, logits)[0]
     assert path[:len(final)] == list(range(len(final)))  # final rows sit at pos, pos+1, ...
     piece, cuda = _open(engines_128)
     rng = np.random.default_rng(n * 1000 + pos)
