@@ -25,6 +25,7 @@ OP_TYPE = "RowInvariantMatMulNBits"
 TILE = 8
 CHUNK = 32
 MAX_BLOCK = 256
+PACKING = 2  # the int4 layout native/row_matmul.cc reads (its `packing` attribute)
 
 
 def check_choice(matmul: str, flavour: str, precision: str, block_sizes: tuple[int, ...]) -> None:
@@ -93,9 +94,10 @@ def repack(packed: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | Non
     # [tiles, 8 columns, blocks, chunks, 32] -> [tiles, blocks, chunks, 8 columns, 32]
     chunks = codes.reshape(tiles, TILE, blocks, block // CHUNK, CHUNK).transpose(0, 2, 3, 1, 4)
     if bits == 4:
-        # a column's chunk in 16 bytes: value i low, value 16 + i high; runs p of [column p | column p + 4]
-        nibbles = chunks[..., :16] | (chunks[..., 16:] << 4)
-        chunks = nibbles.reshape(*nibbles.shape[:3], 2, 4, 16).transpose(0, 1, 2, 4, 3, 5)
+        # run p of a chunk: each column's values 8 p .. 8 p + 3 in low nibbles, 8 p + 4 .. 8 p + 7 in high ones
+        by_run = chunks.reshape(*chunks.shape[:4], 4, 2, 4)
+        nibbles = by_run[..., 0, :] | (by_run[..., 1, :] << 4)
+        chunks = nibbles.transpose(0, 1, 2, 4, 3, 5)
     by_tile = (tiles, TILE, blocks)
     return (np.ascontiguousarray(chunks, dtype=np.uint8).reshape(-1),
             np.ascontiguousarray(scale.reshape(by_tile).transpose(0, 2, 1)).reshape(-1),
@@ -135,8 +137,8 @@ def use_rowwise(model: onnx.ModelProto) -> int:
         del node.input[:]
         node.input.extend(inputs)
         del node.attribute[:]
-        node.attribute.extend([helper.make_attribute(key, value)
-                               for key, value in (("K", k), ("N", n), ("bits", bits), ("block_size", block))])
+        fields = [("K", k), ("N", n), ("bits", bits), ("block_size", block)] + [("packing", PACKING)] * (bits == 4)
+        node.attribute.extend([helper.make_attribute(key, value) for key, value in fields])
         node.op_type, node.domain = OP_TYPE, attention_op.DOMAIN
         count += 1
     if not count:

@@ -22,9 +22,10 @@
 // codes), K in blocks (padded with zero codes), a block in chunks of 32 values. B holds, tile by tile and
 // block by block, each chunk's 8 columns:
 //   bits 8: column c's 32 codes at chunk offset 32 c;
-//   bits 4: 4 runs of 32 bytes, run p holding column p in its first 16 bytes and column p + 4 in its last 16;
-//           in a column's 16 bytes, byte i carries value i in its low nibble and value 16 + i in its high one.
-// So one AVX2 register holds 8 columns' accumulators in column order after the integer reductions.
+//   bits 4: 4 runs of 32 bytes, run p holding, for each column c, 4 bytes at 4 c: byte m carries value 8 p + m in its
+//           low nibble and value 8 p + 4 + m in its high one, so that a 32-bit lane is one column's 4 values.
+// The int4 attribute packing = 2 names this layout (bundles of an older one are refused: rebuild them).
+// So one AVX2 register holds 8 columns' accumulators in column order, with no horizontal adds.
 //
 // Built without linking libonnxruntime, as native/row_attention.cc (which registers this operator too).
 
@@ -49,6 +50,7 @@ const OrtApi* g_api = nullptr;
 constexpr int64_t kTile = 8;     // columns per tile
 constexpr int64_t kChunk = 32;   // values per chunk
 constexpr int64_t kMaxBlock = 256;
+constexpr int64_t kInt4Packing = 2;  // the int4 layout below (exporter/row_matmul.py's PACKING)
 constexpr int64_t kRowGroup = 8;     // rows whose accumulators a tile keeps at once
 constexpr int64_t kTilesPerItem = 4; // columns a parallel work item takes: 32
 
@@ -109,8 +111,8 @@ void store(const Call& c, int64_t t, int64_t r, const float* acc) {
 inline int32_t code_at(const uint8_t* wb, int64_t bits, int64_t col, int64_t i) {  // wb: a tile's block
   int64_t j = i / kChunk, v = i % kChunk;
   if (bits == 8) return wb[(j * kTile + col) * kChunk + v];
-  uint8_t byte = wb[j * 4 * kChunk + (col % 4) * kChunk + (col / 4) * 16 + v % 16];
-  return v < 16 ? byte & 15 : byte >> 4;
+  uint8_t byte = wb[j * 4 * kChunk + (v / 8) * kChunk + col * 4 + v % 4];
+  return v % 8 < 4 ? byte & 15 : byte >> 4;
 }
 
 // e^x, its range cut to [-87, 88] (below: 0, so silu(g) = g; above would overflow): custom_op.h's exp, shared
@@ -173,31 +175,37 @@ __attribute__((target("avx2,fma"))) void int4_rows_avx2(const Ptrs& p, int64_t t
   const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   for (int64_t b = 0; b < p.blocks; ++b) {
     const uint8_t* wb = p.w + (t * p.blocks + b) * p.tile_block_bytes;
-    __m256i s[R][4];
-    for (int r = 0; r < R; ++r)
-      for (int k = 0; k < 4; ++k) s[r][k] = _mm256_setzero_si256();
-    for (int j = 0; j < CH; ++j)
+    __m256i dot[R];
+    for (int r = 0; r < R; ++r) dot[r] = _mm256_setzero_si256();
+    for (int j = 0; j < CH; ++j) {
+      __m256i w[8];  // w[2 p]: values 8 p .. 8 p + 3 of each column (a lane); w[2 p + 1]: 8 p + 4 .. 8 p + 7
       for (int k = 0; k < 4; ++k) {
         __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + (j * 4 + k) * kChunk));
-        __m256i lo = _mm256_and_si256(v, mask), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
-        for (int r = 0; r < R; ++r) {
-          // codes 0-15 and 16-31 of the chunk in both halves: a run's two columns take the same activations
-          const int8_t* q = p.q + (r0 + r) * p.padded_k + b * p.block + j * kChunk;
-          __m256i qlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
-          __m256i qhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)));
-          // (15 * 127 * 2 per pair, two pairs: no int16 saturation)
-          __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, qlo), _mm256_maddubs_epi16(hi, qhi));
-          s[r][k] = _mm256_add_epi32(s[r][k], _mm256_madd_epi16(pairs, ones));
-        }
+        w[2 * k] = _mm256_and_si256(v, mask);
+        w[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
       }
+      for (int r = 0; r < R; ++r) {
+        const int8_t* q = p.q + (r0 + r) * p.padded_k + b * p.block + j * kChunk;
+        __m256i pairs[8];
+        for (int i = 0; i < 8; ++i) {
+          int32_t four;
+          std::memcpy(&four, q + 4 * i, 4);
+          pairs[i] = _mm256_maddubs_epi16(w[i], _mm256_set1_epi32(four));
+        }
+        // |pair| <= 2 * 15 * 127: eight of them sum within int16
+        __m256i s = _mm256_add_epi16(_mm256_add_epi16(_mm256_add_epi16(pairs[0], pairs[1]),
+                                                      _mm256_add_epi16(pairs[2], pairs[3])),
+                                     _mm256_add_epi16(_mm256_add_epi16(pairs[4], pairs[5]),
+                                                      _mm256_add_epi16(pairs[6], pairs[7])));
+        dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(s, ones));
+      }
+    }
     int64_t at = (t * p.blocks + b) * kTile;
     __m256i zp = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p.zp + at)));
     __m256 ws = _mm256_loadu_ps(p.wscale + at);
     for (int r = 0; r < R; ++r) {
-      // run k holds columns k (low half) and k + 4 (high half): two hadds leave columns 0-3 | 4-7
-      __m256i dot = _mm256_hadd_epi32(_mm256_hadd_epi32(s[r][0], s[r][1]), _mm256_hadd_epi32(s[r][2], s[r][3]));
       int64_t row = (r0 + r) * p.blocks + b;
-      acc[r] = accumulate_avx2(acc[r], dot, zp, ws, p.ascale[row], p.asum[row]);
+      acc[r] = accumulate_avx2(acc[r], dot[r], zp, ws, p.ascale[row], p.asum[row]);
     }
   }
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(out[r], acc[r]);
@@ -457,6 +465,14 @@ OrtStatus* create_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo*
     delete kern;
     return fail("RowInvariantMatMulNBits: K and N must be positive, bits 4 or 8, block_size a multiple of 32 up"
                 " to 256");
+  }
+  int64_t packing = 0;
+  st = g_api->KernelInfoGetAttribute_int64(info, "packing", &packing);
+  if (st) g_api->ReleaseStatus(st);
+  if (a.bits == 4 && packing != kInt4Packing) {
+    delete kern;
+    return fail("RowInvariantMatMulNBits: this model's int4 weights are packed in an older layout than this library"
+                " reads; rebuild the bundle with this specexport");
   }
   kern->isa = detect_isa();
   *out = kern;

@@ -263,6 +263,25 @@ def test_the_rewrite_and_its_refusals(monkeypatch):
         row_matmul.check_choice("rowwise", "ort", "int8", (64,))
 
 
+def test_int4_weights_in_another_packing_are_refused():
+    """int4 weights repacked for an older layout would be read as other codes: the kernel refuses them by name."""
+    out = rowwise(nbits_model(64, 24, 4, 32, False)[0])
+    node = out.graph.node[0]
+    assert helper.get_attribute_value(next(a for a in node.attribute if a.name == "packing")) == row_matmul.PACKING
+    open_model(out)
+    for packing in (None, row_matmul.PACKING - 1):
+        old = onnx.ModelProto()
+        old.CopyFrom(out)
+        kept = [a for a in old.graph.node[0].attribute if a.name != "packing"]
+        del old.graph.node[0].attribute[:]
+        old.graph.node[0].attribute.extend(kept + ([helper.make_attribute("packing", packing)] if packing else []))
+        with pytest.raises(Exception, match="int4 weights are packed in an older layout.*rebuild the bundle"):
+            open_model(old)
+    int8 = rowwise(nbits_model(96, 40, 8, 32, True)[0])
+    assert not any(a.name == "packing" for a in int8.graph.node[0].attribute)  # int8's layout is unchanged
+    open_model(int8)
+
+
 @pytest.fixture(scope="module")
 def rowwise_mm_bundle(tmp_path_factory, tiny_checkpoint):
     """precision -> a tiny bundle with both rowwise operators, an untrained adapter and a noisy drafter."""
