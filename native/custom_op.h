@@ -1,6 +1,6 @@
-// What the library's two operators (native/row_attention.cc, native/row_matmul.cc) share: the OrtCustomOp
-// fields they set alike, the status macro, reading an input tensor, the CPU check behind their ISA choice, and the exp of the
-// attention's softmax and the matmul's SiLU epilogue.
+// What the library's operators (native/row_attention.cc, native/row_matmul.cc, native/gated_silu.cc) share: the
+// OrtCustomOp fields they set alike, the status macro, reading an input tensor, the CPU check behind their ISA
+// choice, the exp of the attention's softmax and the gated MLP's SiLU(gate) * up.
 //
 // Everything here has internal linkage: each source compiles its own copy with its own intrinsics (the
 // attention source's come from SIMDe in tools/check_avx512.py's build), so the two copies of exp_avx2 must not
@@ -116,6 +116,31 @@ __attribute__((target("avx2,fma"))) inline __m256 exp_avx2(__m256 x) {  // exp_l
   __m256 out = _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
   __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
   return _mm256_andnot_ps(under, out);  // the lanes below -87 to 0, as exp_lane returns early
+}
+
+// The gated MLP's SiLU(gate) * up, shared by the matmul's gated epilogue and GatedSiLU (native/gated_silu.cc).
+// e^x, its range cut to [-87, 88] (below: 0, so silu(g) = g; above would overflow): exp_lane after the upper clamp
+inline float exp_clamped(float x) {
+  return exp_lane(x < 88.0f ? x : 88.0f);  // as _mm256_min_ps(x, 88): a NaN becomes 88 on both paths
+}
+
+inline void silu_mul_portable(const float* g, const float* u, float* out, int64_t n) {  // out = g / (1 + e^-g) * u
+  for (int64_t j = 0; j < n; ++j) out[j] = g[j] / (1.0f + exp_clamped(-g[j])) * u[j];
+}
+
+__attribute__((target("avx2,fma"))) inline __m256 exp_clamped_avx2(__m256 x) {
+  return exp_avx2(_mm256_min_ps(x, _mm256_set1_ps(88.0f)));
+}
+
+__attribute__((target("avx2,fma"))) inline void silu_mul_avx2(const float* g, const float* u, float* out, int64_t n) {
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    __m256 gv = _mm256_loadu_ps(g + j);
+    __m256 e = exp_clamped_avx2(_mm256_xor_ps(gv, _mm256_set1_ps(-0.0f)));  // -g, as the portable path negates
+    __m256 s = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+    _mm256_storeu_ps(out + j, _mm256_mul_ps(s, _mm256_loadu_ps(u + j)));
+  }
+  silu_mul_portable(g + j, u + j, out + j, n - j);  // the same operations on the last columns
 }
 
 }  // namespace

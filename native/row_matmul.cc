@@ -115,16 +115,6 @@ inline int32_t code_at(const uint8_t* wb, int64_t bits, int64_t col, int64_t i) 
   return v % 8 < 4 ? byte & 15 : byte >> 4;
 }
 
-// e^x, its range cut to [-87, 88] (below: 0, so silu(g) = g; above would overflow): custom_op.h's exp, shared
-// with the attention's softmax, after the upper clamp
-inline float exp_clamped(float x) {
-  return exp_lane(x < 88.0f ? x : 88.0f);  // as _mm256_min_ps(x, 88): a NaN becomes 88 on both paths
-}
-
-void silu_mul_portable(const float* g, const float* u, float* out, int64_t n) {  // out = g / (1 + e^-g) * u
-  for (int64_t j = 0; j < n; ++j) out[j] = g[j] / (1.0f + exp_clamped(-g[j])) * u[j];
-}
-
 void tile_portable(const Call& c, int64_t t, int64_t r0, int64_t rows) {
   for (int64_t r = r0; r < r0 + rows; ++r) {
     float acc[kTile] = {0};
@@ -244,21 +234,6 @@ __attribute__((target("avx2,fma"))) void int8_rows_avx2(const Ptrs& p, int64_t t
     }
   }
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(out[r], acc[r]);
-}
-
-__attribute__((target("avx2,fma"))) inline __m256 exp_clamped_avx2(__m256 x) {
-  return exp_avx2(_mm256_min_ps(x, _mm256_set1_ps(88.0f)));
-}
-
-__attribute__((target("avx2,fma"))) void silu_mul_avx2(const float* g, const float* u, float* out, int64_t n) {
-  int64_t j = 0;
-  for (; j + kTile <= n; j += kTile) {
-    __m256 gv = _mm256_loadu_ps(g + j);
-    __m256 e = exp_clamped_avx2(_mm256_xor_ps(gv, _mm256_set1_ps(-0.0f)));  // -g, as the portable path negates
-    __m256 s = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
-    _mm256_storeu_ps(out + j, _mm256_mul_ps(s, _mm256_loadu_ps(u + j)));
-  }
-  silu_mul_portable(g + j, u + j, out + j, n - j);  // the same operations on the last columns
 }
 
 using RowsKernel = void (*)(const Ptrs&, int64_t, int64_t, float* const*);
