@@ -9,7 +9,8 @@
 // zero point * sum of the activation codes (integer, so in any order); per column a float sum over blocks in
 // block order, acc = fma(float(dot), activation scale * weight scale, acc), from 0. Rows and columns are tiled
 // for speed only: no tiling changes a (row, column)'s operations, and the portable and AVX2 paths do the same
-// float operations, so the path taken is only a matter of speed.
+// float operations, so the path taken is only a matter of speed. The AVX-512 path (AVX512-VNNI) takes the same
+// layout and the same epilogue as the AVX2 one; only its integer dot products are summed otherwise (exactly).
 //
 // Inputs: A float [..., K]; B uint8, the weights in this operator's own layout (below); scales float
 // [tiles, blocks, 8]; zero_points uint8 [tiles, blocks, 8] (one code per byte). Output float [..., N].
@@ -25,7 +26,8 @@
 //   bits 4: 4 runs of 32 bytes, run p holding, for each column c, 4 bytes at 4 c: byte m carries value 8 p + m in its
 //           low nibble and value 8 p + 4 + m in its high one, so that a 32-bit lane is one column's 4 values.
 // The int4 attribute packing = 2 names this layout (bundles of an older one are refused: rebuild them).
-// So one AVX2 register holds 8 columns' accumulators in column order, with no horizontal adds.
+// So one AVX2 register holds 8 columns' accumulators in column order, with no horizontal adds; one AVX-512 register
+// holds two runs, summed at a block's end.
 //
 // Built without linking libonnxruntime, as native/row_attention.cc (which registers this operator too).
 
@@ -33,6 +35,17 @@
 #include "onnxruntime_c_api.h"
 
 #include <immintrin.h>
+
+// tools/check_avx512.py builds the library a second time with SPECEXPORT_SIMDE: the AVX-512 intrinsics then come
+// from SIMDe (emulated on AVX2 + FMA), the AVX-512 functions are compiled for AVX2 only, and the AVX-512 path is
+// taken wherever AVX2 is, so a machine without AVX-512 runs that path's code.
+#ifdef SPECEXPORT_SIMDE
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+#define AVX512_TARGET "avx2,fma"
+#else
+#define AVX512_TARGET "avx512f,avx512bw,avx512vnni,avx2,fma"
+#endif
 
 #include "custom_op.h"
 
@@ -54,7 +67,7 @@ constexpr int64_t kInt4Packing = 2;  // the int4 layout below (exporter/row_matm
 constexpr int64_t kRowGroup = 8;     // rows whose accumulators a tile keeps at once
 constexpr int64_t kTilesPerItem = 4; // columns a parallel work item takes: 32
 
-enum class Isa { portable, avx2 };
+enum class Isa { portable, avx2, avx512vnni };
 
 struct Attrs {
   int64_t K = 0, N = 0, bits = 0, block = 0;
@@ -73,6 +86,7 @@ struct Call {  // one Compute's shapes and pointers, shared by the parallel loop
   float* out;                  // [M, N]: the operator's output, or the gated epilogue's scratch
   float* gated = nullptr;      // [M, N / 2]: the gated output
   int64_t half_tiles = 0;      // gated with N / 2 a multiple of 8: gate tile t pairs with up tile t + half_tiles
+  Isa isa = Isa::portable;
   void (*tile)(const Call&, int64_t t, int64_t r0, int64_t rows);
   void (*silu_mul)(const float* g, const float* u, float* out, int64_t n);
 };
@@ -236,44 +250,137 @@ __attribute__((target("avx2,fma"))) void int8_rows_avx2(const Ptrs& p, int64_t t
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(out[r], acc[r]);
 }
 
-using RowsKernel = void (*)(const Ptrs&, int64_t, int64_t, float* const*);
+// ---------------------------------------------------------------------------------------------------------
+// AVX-512 with VNNI: dpbusd multiplies unsigned bytes (the weight codes, 0..15 or 0..255) by signed ones (the
+// activation codes) and adds each 4 products into an int32 lane without saturation, so the dot products are the
+// exact ones of the other paths; the epilogue is the AVX2 path's, on the same 8 columns.
 
-template <int CH>
-RowsKernel rows_kernel(int64_t bits, int64_t rows) {
-  if (bits == 4) {
-    switch (rows) {
-      case 1: return int4_rows_avx2<CH, 1>;
-      case 2: return int4_rows_avx2<CH, 2>;
-      case 3: return int4_rows_avx2<CH, 3>;
-      default: return int4_rows_avx2<CH, 4>;
+// GCC 12's AVX-512 intrinsics fill unused lanes from a self-initialized variable, which -Wmaybe-uninitialized
+// reports once inlined (a false alarm: no lane of ours is read uninitialized)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+template <int CH, int R>
+__attribute__((target(AVX512_TARGET))) void int4_rows_avx512(const Ptrs& p, int64_t t, int64_t r0,
+                                                               float* const* out) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  const __m512i mask = _mm512_set1_epi8(0x0F);
+  // A register holds runs 2 h (low half) and 2 h + 1 (high half) of a chunk. Its low nibbles meet activation
+  // words (4 codes each) 4 h and 4 h + 2, its high nibbles words 4 h + 1 and 4 h + 3.
+  const __m512i words_of[4] = {
+      _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0),
+      _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1),
+      _mm512_set_epi32(6, 6, 6, 6, 6, 6, 6, 6, 4, 4, 4, 4, 4, 4, 4, 4),
+      _mm512_set_epi32(7, 7, 7, 7, 7, 7, 7, 7, 5, 5, 5, 5, 5, 5, 5, 5)};
+  for (int64_t b = 0; b < p.blocks; ++b) {
+    const uint8_t* wb = p.w + (t * p.blocks + b) * p.tile_block_bytes;
+    __m512i dot[R][2];  // two chains a row, for the multiply-adds' latency
+    for (int r = 0; r < R; ++r) dot[r][0] = dot[r][1] = _mm512_setzero_si512();
+    for (int j = 0; j < CH; ++j) {
+      __m512i w[4];
+      for (int h = 0; h < 2; ++h) {
+        __m512i v = _mm512_loadu_si512(wb + (j * 4 + 2 * h) * kChunk);
+        w[2 * h] = _mm512_and_si512(v, mask);
+        w[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+      }
+      for (int r = 0; r < R; ++r) {
+        const int8_t* q = p.q + (r0 + r) * p.padded_k + b * p.block + j * kChunk;
+        __m512i words = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
+        for (int i = 0; i < 4; ++i)
+          dot[r][i & 1] = _mm512_dpbusd_epi32(dot[r][i & 1], w[i], _mm512_permutexvar_epi32(words_of[i], words));
+      }
+    }
+    int64_t at = (t * p.blocks + b) * kTile;
+    __m256i zp = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p.zp + at)));
+    __m256 ws = _mm256_loadu_ps(p.wscale + at);
+    for (int r = 0; r < R; ++r) {
+      __m512i d = _mm512_add_epi32(dot[r][0], dot[r][1]);
+      __m256i sum = _mm256_add_epi32(_mm512_castsi512_si256(d), _mm512_extracti64x4_epi64(d, 1));
+      int64_t row = (r0 + r) * p.blocks + b;
+      acc[r] = accumulate_avx2(acc[r], sum, zp, ws, p.ascale[row], p.asum[row]);
     }
   }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out[r], acc[r]);
+}
+
+template <int CH, int R>
+__attribute__((target(AVX512_TARGET))) void int8_rows_avx512(const Ptrs& p, int64_t t, int64_t r0,
+                                                               float* const* out) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < p.blocks; ++b) {
+    const uint8_t* wb = p.w + (t * p.blocks + b) * p.tile_block_bytes;
+    __m512i s[R][4];  // s[r][i]: columns 2 i (low half) and 2 i + 1 (high half), 8 partial sums each
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < 4; ++i) s[r][i] = _mm512_setzero_si512();
+    for (int j = 0; j < CH; ++j) {
+      __m512i w[4];
+      for (int i = 0; i < 4; ++i) w[i] = _mm512_loadu_si512(wb + (j * kTile + 2 * i) * kChunk);
+      for (int r = 0; r < R; ++r) {
+        const int8_t* q = p.q + (r0 + r) * p.padded_k + b * p.block + j * kChunk;
+        __m512i codes = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
+        for (int i = 0; i < 4; ++i) s[r][i] = _mm512_dpbusd_epi32(s[r][i], w[i], codes);
+      }
+    }
+    int64_t at = (t * p.blocks + b) * kTile;
+    __m256i zp = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p.zp + at)));
+    __m256 ws = _mm256_loadu_ps(p.wscale + at);
+    for (int r = 0; r < R; ++r) {
+      __m256i c[kTile];
+      for (int i = 0; i < 4; ++i) {
+        c[2 * i] = _mm512_castsi512_si256(s[r][i]);
+        c[2 * i + 1] = _mm512_extracti64x4_epi64(s[r][i], 1);
+      }
+      __m256i x = _mm256_hadd_epi32(_mm256_hadd_epi32(c[0], c[1]), _mm256_hadd_epi32(c[2], c[3]));
+      __m256i y = _mm256_hadd_epi32(_mm256_hadd_epi32(c[4], c[5]), _mm256_hadd_epi32(c[6], c[7]));
+      __m256i dot = _mm256_add_epi32(_mm256_permute2x128_si256(x, y, 0x20), _mm256_permute2x128_si256(x, y, 0x31));
+      int64_t row = (r0 + r) * p.blocks + b;
+      acc[r] = accumulate_avx2(acc[r], dot, zp, ws, p.ascale[row], p.asum[row]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out[r], acc[r]);
+}
+
+#pragma GCC diagnostic pop
+
+using RowsKernel = void (*)(const Ptrs&, int64_t, int64_t, float* const*);
+
+template <int CH, int R>
+RowsKernel kernel_for(Isa isa, int64_t bits) {
+  if (isa == Isa::avx512vnni) return bits == 4 ? int4_rows_avx512<CH, R> : int8_rows_avx512<CH, R>;
+  return bits == 4 ? int4_rows_avx2<CH, R> : int8_rows_avx2<CH, R>;
+}
+
+template <int CH>
+RowsKernel rows_kernel(Isa isa, int64_t bits, int64_t rows) {
   switch (rows) {
-    case 1: return int8_rows_avx2<CH, 1>;
-    case 2: return int8_rows_avx2<CH, 2>;
-    case 3: return int8_rows_avx2<CH, 3>;
-    default: return int8_rows_avx2<CH, 4>;
+    case 1: return kernel_for<CH, 1>(isa, bits);
+    case 2: return kernel_for<CH, 2>(isa, bits);
+    case 3: return kernel_for<CH, 3>(isa, bits);
+    default: return kernel_for<CH, 4>(isa, bits);
   }
 }
 
-RowsKernel pick(int64_t chunks, int64_t bits, int64_t rows) {
+RowsKernel pick(Isa isa, int64_t chunks, int64_t bits, int64_t rows) {
   switch (chunks) {
-    case 1: return rows_kernel<1>(bits, rows);
-    case 2: return rows_kernel<2>(bits, rows);
-    case 4: return rows_kernel<4>(bits, rows);
-    case 8: return rows_kernel<8>(bits, rows);
+    case 1: return rows_kernel<1>(isa, bits, rows);
+    case 2: return rows_kernel<2>(isa, bits, rows);
+    case 4: return rows_kernel<4>(isa, bits, rows);
+    case 8: return rows_kernel<8>(isa, bits, rows);
     default: return nullptr;  // blocks of 96, 160 ... (no recipe's): the portable path
   }
 }
 
-void tile_avx2(const Call& c, int64_t t, int64_t r0, int64_t rows) {
+// a tile on the AVX2 or AVX-512 kernels (c.isa's), R rows at a time
+void tile_vector(const Call& c, int64_t t, int64_t r0, int64_t rows) {
   Ptrs p{c.w, c.wscale, c.zp, c.q.data(), c.ascale.data(), c.asum.data(), c.blocks, c.padded_k, c.a.block,
          c.tile_block_bytes};
   bool whole = (t + 1) * kTile <= c.a.N;
   alignas(32) float part[kRowGroup][kTile];  // the last tile's padded columns are not written out
   for (int64_t r = r0; r < r0 + rows;) {
     int64_t n = std::min<int64_t>(4, r0 + rows - r);
-    RowsKernel k = pick(c.chunks, c.a.bits, n);
+    RowsKernel k = pick(c.isa, c.chunks, c.a.bits, n);
     if (!k) return tile_portable(c, t, r, r0 + rows - r);
     float* out[4];
     for (int64_t i = 0; i < n; ++i) out[i] = whole ? c.out + (r + i) * c.a.N + t * kTile : part[i];
@@ -285,12 +392,23 @@ void tile_avx2(const Call& c, int64_t t, int64_t r0, int64_t rows) {
 }
 
 Isa detect_isa() {
-  // SPECEXPORT_MATMUL_ISA=portable forces the portable path (the tests compare the paths)
-  if (forced_isa("SPECEXPORT_MATMUL_ISA") == "portable") return Isa::portable;
-  return cpu_has_avx2_fma() ? Isa::avx2 : Isa::portable;
+  // SPECEXPORT_MATMUL_ISA=portable|avx2 forces a path (the tests compare them); the default is the widest
+  std::string want = forced_isa("SPECEXPORT_MATMUL_ISA");
+  bool avx2 = cpu_has_avx2_fma();
+#ifdef SPECEXPORT_SIMDE
+  bool vnni = avx2;
+#else
+  bool vnni = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+              __builtin_cpu_supports("avx512vnni");
+#endif
+  if (want == "portable") return Isa::portable;
+  if (want == "avx2") return avx2 ? Isa::avx2 : Isa::portable;
+  return vnni ? Isa::avx512vnni : avx2 ? Isa::avx2 : Isa::portable;
 }
 
-const char* isa_name(Isa isa) { return isa == Isa::avx2 ? "avx2" : "portable"; }
+const char* isa_name(Isa isa) {
+  return isa == Isa::avx512vnni ? "avx512vnni" : isa == Isa::avx2 ? "avx2" : "portable";
+}
 
 void run_item(void* data, size_t item) {  // item: kTilesPerItem tiles of columns, every row
   const Call& c = *static_cast<const Call*>(data);
@@ -386,7 +504,8 @@ OrtStatus* compute(void* op_kernel, OrtKernelContext* ctx) {
   for (int64_t r = 0; r < c.M; ++r)  // cheap beside the weights: K values a row
     quantize_row(rows + r * c.a.K, c.a.K, c.a.block, c.blocks, c.q.data() + r * c.padded_k,
                  c.ascale.data() + r * c.blocks, c.asum.data() + r * c.blocks);
-  c.tile = kern.isa == Isa::portable ? tile_portable : tile_avx2;
+  c.isa = kern.isa;
+  c.tile = kern.isa == Isa::portable ? tile_portable : tile_vector;
   c.silu_mul = kern.isa == Isa::portable ? silu_mul_portable : silu_mul_avx2;
   if (c.a.silu && (c.a.N / 2) % kTile == 0) {
     c.half_tiles = c.a.N / 2 / kTile;

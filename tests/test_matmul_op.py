@@ -1,7 +1,8 @@
 """specexport.RowInvariantMatMulNBits (native/row_matmul.cc, exporter/row_matmul.py): the operator against a NumPy
 reference of its arithmetic and against ONNX Runtime's MatMulNBits, every row of a many-row call bit for bit that
-row's one-row call, the AVX2 path bit for bit the portable one, and tiny int4 and int8 bundles built with
-`--attention rowwise --matmul rowwise` whose every mode gives AR's tokens with no one-row padding."""
+row's one-row call, each vector path (AVX2, AVX-512 VNNI) bit for bit the portable one, and tiny int4 and int8
+bundles built with `--attention rowwise --matmul rowwise` whose every mode gives AR's tokens with no one-row
+padding."""
 
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ def nbits_model(k: int, n: int, bits: int, block: int, symmetric: bool, seed: in
 
 
 def open_model(model, threads: int = 1, isa: str | None = None) -> ort.InferenceSession:
-    """A session on `model`; `isa` 'portable' forces the operator's portable path (read when its kernel is made)."""
+    """A session on `model`; `isa` ('portable', 'avx2') forces that path of the operator (read when its kernel is
+    made)."""
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     attention_op.register(opts)
@@ -127,25 +129,31 @@ def test_the_doctor_names_the_matmul_path():
     from specexport.doctor.attention_op import probe_attention_op
 
     probe = probe_attention_op()
-    assert probe.details["matmul_isa"] == attention_op.matmul_isa() in ("avx2", "portable")
+    assert probe.details["matmul_isa"] == attention_op.matmul_isa() in ("avx512vnni", "avx2", "portable")
     assert f"{attention_op.MATMUL_OP_TYPE} its {attention_op.matmul_isa()} path" in probe.why
 
 
-def fast_and_portable(model) -> tuple[ort.InferenceSession, ort.InferenceSession]:
-    """Sessions on `model` taking the AVX2 path (2 threads) and the portable path; a skip where this CPU has no
-    AVX2 path to compare."""
-    if attention_op.matmul_isa() != "avx2":
+def fast_and_portable(model) -> tuple[dict[str, ort.InferenceSession], ort.InferenceSession]:
+    """Sessions on `model` taking each vector path this CPU has (by name, 2 threads: the widest, and AVX2 forced
+    where the widest is AVX-512) and the portable path; a skip where this CPU has no vector path to compare."""
+    widest = attention_op.matmul_isa()
+    if widest == "portable":
         pytest.skip("this CPU takes the portable path only")
-    return open_model(model, 2), open_model(model, 1, isa="portable")
+    fast = {widest: open_model(model, 2)}
+    if widest != "avx2":
+        fast["avx2"] = open_model(model, 2, isa="avx2")
+    return fast, open_model(model, 1, isa="portable")
 
 
-def test_the_avx2_path_gives_the_portable_paths_bits():
+def test_the_vector_paths_give_the_portable_paths_bits():
     for shape in SHAPES:
         fast, portable = fast_and_portable(rowwise(nbits_model(*shape, seed=3)[0]))
         for rows in (1, 2, 3, 5, 8, 13):
             a = (np.random.default_rng(rows).standard_normal((rows, shape[0])) * 2).astype(np.float32)
-            np.testing.assert_array_equal(fast.run(None, {"A": a})[0], portable.run(None, {"A": a})[0],
-                                          err_msg=f"{shape}, {rows} rows")
+            want = portable.run(None, {"A": a})[0]
+            for isa, session in fast.items():
+                np.testing.assert_array_equal(session.run(None, {"A": a})[0], want,
+                                              err_msg=f"{isa}, {shape}, {rows} rows")
 
 
 # (K, N, bits, block, symmetric) for the gated epilogue: halves of whole tiles (gate and up computed side by side)
@@ -208,14 +216,16 @@ def test_each_gated_row_is_that_row_computed_alone(shape, rows, threads, seed):
         np.testing.assert_array_equal(session.run(None, {"A": a[:, r:r + 1]})[0][0, 0], whole[0, r], err_msg=f"row {r}")
 
 
-def test_the_gated_avx2_path_gives_the_portable_paths_bits():
+def test_the_gated_vector_paths_give_the_portable_paths_bits():
     for shape in GATED:
         fast, portable = fast_and_portable(rowwise(gated_model(*shape, seed=5)[0]))
         for rows, spread in ((1, 1), (3, 4), (8, 30), (13, 200)):  # up to gates far past the exp's clamps
             a = (np.random.default_rng(rows).standard_normal((rows, shape[0])) * spread).astype(np.float32)
-            got, want = fast.run(None, {"A": a})[0], portable.run(None, {"A": a})[0]
+            want = portable.run(None, {"A": a})[0]
             assert np.isfinite(want).all()
-            np.testing.assert_array_equal(got, want, err_msg=f"{shape}, {rows} rows")
+            for isa, session in fast.items():
+                np.testing.assert_array_equal(session.run(None, {"A": a})[0], want,
+                                              err_msg=f"{isa}, {shape}, {rows} rows")
 
 
 def test_the_fusion_takes_only_the_exact_silu_chain():
@@ -275,7 +285,7 @@ def test_int4_weights_in_another_packing_are_refused():
         kept = [a for a in old.graph.node[0].attribute if a.name != "packing"]
         del old.graph.node[0].attribute[:]
         old.graph.node[0].attribute.extend(kept + ([helper.make_attribute("packing", packing)] if packing else []))
-        with pytest.raises(Exception, match="int4 weights are packed in an older layout.*rebuild the bundle"):
+        with pytest.raises(Exception, match=r"int4 weights are packed in an older layout.*rebuild the bundle"):
             open_model(old)
     int8 = rowwise(nbits_model(96, 40, 8, 32, True)[0])
     assert not any(a.name == "packing" for a in int8.graph.node[0].attribute)  # int8's layout is unchanged
