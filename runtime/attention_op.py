@@ -70,7 +70,8 @@ def isa() -> str | None:
 
 
 def matmul_isa() -> str | None:
-    """The vector path the matmul operator takes on this CPU (avx2 or portable), None without the library."""
+    """The vector path the matmul operator takes on this CPU (avx512vnni, avx2 or portable), None without the
+    library."""
     return _ask_library("SpecexportMatMulIsa")
 
 
