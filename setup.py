@@ -102,8 +102,8 @@ class BuildNative(build_ext):
 setup(
     ext_modules=[Extension(
         "specexport.runtime._row_attention",
-        sources=["native/row_attention.cc", "native/row_matmul.cc"],
-        depends=["native/custom_op.h"],  # what both sources include: a change rebuilds them
+        sources=["native/row_attention.cc", "native/row_matmul.cc", "native/gated_silu.cc"],
+        depends=["native/custom_op.h"],  # what the sources include: a change rebuilds them
         language="c++",
         # -ffp-contract=off: the compiler must not fuse a multiply and an add on its own, or the portable path
         # would round otherwise than the vector paths (which fuse exactly where the source says)

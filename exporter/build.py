@@ -24,7 +24,7 @@ from ..runtime.manifest import (
     read_record,
     sha256_file,
 )
-from . import kv_cache, llama_graph, model_source, multirow, parity, quantize, row_attention, row_matmul
+from . import gated_silu, kv_cache, llama_graph, model_source, multirow, parity, quantize, row_attention, row_matmul
 from .bundle import BundleWriter
 from .chat import chat_format
 from .hf_weights import extract
@@ -271,6 +271,8 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
             row_attention.use_rowwise(graph)
         if matmul == "rowwise":
             row_matmul.use_rowwise(graph)
+        if rowwise or matmul == "rowwise":  # the library is loaded anyway: the chains the matmul left
+            gated_silu.use_gated_silu(graph)
         # targets whose TensorRT updates caches in place get TensorScatter writes (exporter/tensorrt/graph.py)
         if trt_target is None or trt_target["build"]["kv_update"] != "inplace":
             return graph

@@ -19,6 +19,7 @@ from onnx import helper, numpy_helper
 
 from ..runtime import attention_op
 from ..runtime.errors import SpecExportError
+from . import gated_silu
 
 MATMULS = ("mlas", "rowwise")
 OP_TYPE = "RowInvariantMatMulNBits"
@@ -153,82 +154,17 @@ def use_rowwise(model: onnx.ModelProto) -> int:
     return count
 
 
-def _split_halves(node: onnx.NodeProto, graph: onnx.GraphProto, n: int) -> bool:
-    """Whether `node` splits its input's last axis (of `n` values) into two equal halves."""
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    if len(node.output) != 2 or attrs.get("axis", 0) != -1 or n % 2:
-        return False
-    if len(node.input) < 2 or not node.input[1]:
-        return attrs.get("num_outputs", 2) == 2  # no sizes: equal parts
-    sizes = next((t for t in graph.initializer if t.name == node.input[1]), None)
-    return sizes is not None and numpy_helper.to_array(sizes).tolist() == [n // 2, n // 2]
-
-
-def _only(readers: dict[str, list[onnx.NodeProto]], name: str, node: onnx.NodeProto) -> bool:
-    return [id(n) for n in readers.get(name, [])] == [id(node)]
-
-
-def _silu_mul(split: onnx.NodeProto, readers: dict[str, list[onnx.NodeProto]]) -> list[onnx.NodeProto]:
-    """The nodes Sigmoid(gate), Mul(gate, Sigmoid), Mul(that, up) when `split`'s outputs feed exactly them and
-    nothing else reads gate, up or the products; else []."""
-    gate, up = split.output
-    gate_readers, up_readers = readers.get(gate, []), readers.get(up, [])
-    sigmoid = next((n for n in gate_readers if n.op_type == "Sigmoid"), None)
-    act = next((n for n in gate_readers if n.op_type == "Mul"), None)
-    if len(gate_readers) != 2 or sigmoid is None or act is None or len(up_readers) != 1:
-        return []
-    out = up_readers[0]
-    if sorted(act.input) != sorted([gate, sigmoid.output[0]]) or not _only(readers, sigmoid.output[0], act):
-        return []
-    if out.op_type != "Mul" or sorted(out.input) != sorted([act.output[0], up]):
-        return []
-    if not _only(readers, act.output[0], out):
-        return []
-    return [sigmoid, act, out]
-
-
 def fuse_gated(model: onnx.ModelProto) -> int:
     """Folds each gated MLP's Split, SiLU (Mul(g, Sigmoid(g))) and Mul with up into the rowwise operator that
-    computes [gate; up] (its gated = "silu" epilogue), where nothing else reads the intermediate values; returns
-    how many. GELU's chain stays as it is."""
-    graph = model.graph
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in set(node.input):
-            readers.setdefault(name, []).append(node)
-    graph_outputs = {o.name for o in graph.output}
-    dropped: set[int] = set()
-    gone: set[str] = set()
-    count = 0
-    for node in graph.node:
-        if node.op_type != OP_TYPE or node.domain != attention_op.DOMAIN or node.output[0] in graph_outputs:
-            continue
+    computes [gate; up] (its gated = "silu" epilogue); returns how many."""
+    def width(node: onnx.NodeProto) -> int | None:
+        if node.op_type != OP_TYPE or node.domain != attention_op.DOMAIN:
+            return None
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        if "gated" in attrs:
-            continue
-        after = readers.get(node.output[0], [])
-        if len(after) != 1 or after[0].op_type != "Split" or not _split_halves(after[0], graph, int(attrs["N"])):
-            continue
-        split = after[0]
-        tail = _silu_mul(split, readers)
-        if not tail or any(o in graph_outputs for n in (split, *tail[:2]) for o in n.output):
-            continue
-        node.output[0] = tail[-1].output[0]
+        return None if "gated" in attrs else int(attrs["N"])
+
+    def fold(node: onnx.NodeProto, split: onnx.NodeProto, chain: list[onnx.NodeProto]) -> None:
+        node.output[0] = chain[-1].output[0]
         node.attribute.append(helper.make_attribute("gated", "silu"))
-        dropped.update(id(n) for n in (split, *tail))
-        gone.update(o for n in (split, *tail[:2]) for o in n.output)
-        gone.update(split.input)  # the matmul's old output and the split sizes, unless still read
-        count += 1
-    if not count:
-        return 0
-    kept = [n for n in graph.node if id(n) not in dropped]
-    del graph.node[:]
-    graph.node.extend(kept)
-    gone -= {name for node in graph.node for name in (*node.input, *node.output)} | graph_outputs
-    inits = [t for t in graph.initializer if t.name not in gone]
-    del graph.initializer[:]
-    graph.initializer.extend(inits)
-    info = [v for v in graph.value_info if v.name not in gone]
-    del graph.value_info[:]
-    graph.value_info.extend(info)
-    return count
+
+    return gated_silu.fold_chains(model, width, fold)

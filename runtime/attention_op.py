@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # the module itself loads no runtime: `specexport bench --hel
 DOMAIN = "specexport"
 OP_TYPE = "RowInvariantAttention"
 MATMUL_OP_TYPE = "RowInvariantMatMulNBits"  # native/row_matmul.cc, in the same library
+GATED_OP_TYPE = "GatedSiLU"  # native/gated_silu.cc: in graphs that use either of the two above
 LIBRARY = "_row_attention"
 WIDEST_GQA_HEAD = 128  # above: GroupQueryAttention's CPU kernel rounds a row by its call's total length
 HOW_TO_BUILD = ("reinstall specexport where a C++ compiler is on the PATH (`make setup`, or `pip install .`),"
