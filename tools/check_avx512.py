@@ -1,12 +1,13 @@
-"""The attention operator's AVX-512 path, run on a machine without AVX-512 and checked against the portable path.
+"""The operators' AVX-512 paths, run on a machine without AVX-512 and checked against the portable path.
 
-    .venv/bin/python tools/check_avx512.py [--cases 300] [--seed 0] [--simde DIR]
+    .venv/bin/python tools/check_avx512.py [--cases 300] [--matmul-cases 80] [--seed 0] [--simde DIR]
 
 The library's sources (setup.py's extension, its flags) are compiled a second time into build/check_avx512/ with
-SPECEXPORT_SIMDE (native/row_attention.cc): the AVX-512 intrinsics come from SIMDe and the kernel takes its
-AVX-512 path wherever AVX2 and FMA are. That library then runs tests/test_attention_op.py whole (its vector path
-is now the AVX-512 one), and a sweep of random calls whose outputs must carry the same bits on the emulated
-AVX-512 path, the AVX2 path and the portable path, and on the installed library's portable path where it is
+SPECEXPORT_SIMDE (native/row_attention.cc, native/row_matmul.cc): the AVX-512 intrinsics come from SIMDe and the
+kernels take their AVX-512 paths (the attention's avx512, the matmul's avx512vnni) wherever AVX2 and FMA are.
+That library then runs tests/test_attention_op.py and tests/test_matmul_op.py whole (their vector paths are now
+the AVX-512 ones), and two sweeps of random calls, one an operator, whose outputs must carry the same bits on the
+emulated AVX-512 path, the AVX2 path and the portable path, and on the installed library's paths where it is
 built. Exit status 0 when all of them agree.
 
 SIMDe's headers are Debian's libsimde-dev, fetched with `apt-get download` and unpacked with `dpkg-deb -x`
@@ -35,6 +36,10 @@ ORT_HEADERS = ROOT / "build" / "onnxruntime-headers" / "root" / "usr" / "include
 # fused (its fallback rounds the product first), so the scratch build needs AVX2 + FMA on the command line
 EMULATION_FLAGS = ["-mavx2", "-mfma", "-DSPECEXPORT_SIMDE", "-Wno-psabi", "-shared", "-fPIC"]
 HEAD_DIMS = [16, 24, 64, 128, 256]  # 24: not a multiple of 16 lanes, the vector paths' portable fallback
+# (K, N) of SmolLM2-135M's and -360M's projections (q and o, k and v, gate and up, down); the sweep draws ragged
+# ones beside them
+SMOLLM2 = [(576, 576), (576, 192), (576, 3072), (1536, 576), (960, 320), (960, 5120), (2560, 960)]
+BLOCKS = [32, 64, 128, 256, 96]  # 96: no unrolled kernel, the vector paths' portable fallback
 
 
 class Refused(Exception):
@@ -133,14 +138,73 @@ def run_sweep(attention_op, lib: Path, isa: str, count: int, seed: int) -> list[
     return results
 
 
+def matmul_cases(count: int, seed: int):
+    """Random RowInvariantMatMulNBits calls: SmolLM2's shapes and ragged ones, int4 and int8, each block size,
+    either zero-point form, 1-16 rows, gated (halves of whole tiles or sharing one) or not, 1 or 2 threads."""
+    rng = np.random.default_rng(seed)
+    for i in range(count):
+        if rng.integers(2):
+            k, n = SMOLLM2[int(rng.integers(len(SMOLLM2)))]
+        else:
+            k, n = int(rng.integers(1, 700)), int(rng.integers(1, 300))
+        bits, block = int(rng.choice([4, 8])), int(rng.choice(BLOCKS))
+        symmetric, gated = bool(rng.integers(2)), bool(rng.integers(2))
+        if gated:
+            n += n % 2
+        rows, threads = int(rng.integers(1, 17)), int(rng.integers(1, 3))
+        spread = float(rng.choice([1.0, 3.0, 30.0]))  # 30: gates past the SiLU's exp clamps
+        a = (rng.standard_normal((rows, k)) * spread).astype(np.float32)
+        desc = (f"K {k}, N {n}, int{bits}, block {block}, {'symmetric' if symmetric else 'zero points'},"
+                f" {'gated' if gated else 'plain'}, {rows} rows, {threads} thread{'s' if threads > 1 else ''}")
+        yield (k, n, bits, block, symmetric, seed + i), gated, threads, a, desc
+
+
+def run_matmul_sweep(attention_op, paths: dict[str, tuple[Path, str]], count: int, seed: int):
+    """Per case, per named (library, path): the operator's output."""
+    from tests import test_matmul_op as t
+
+    results: dict[str, list[np.ndarray]] = {name: [] for name in paths}
+    for shape, gated, threads, a, _ in matmul_cases(count, seed):
+        model = t.rowwise((t.gated_model if gated else t.nbits_model)(*shape)[0])
+        for name, (lib, isa) in paths.items():
+            use_library(attention_op, lib)
+            session = t.open_model(model, threads, isa=isa or None)
+            results[name].append(session.run(None, {"A": a})[0])
+    return results
+
+
+def check_matmul(attention_op, lib: Path, installed: Path | None, count: int, seed: int) -> bool:
+    """The matmul sweep; prints a line per path the emulated AVX-512 one is held against, True when all agree."""
+    paths = {"avx512vnni": (lib, ""), "emulated library, avx2": (lib, "avx2"),
+             "emulated library, portable": (lib, "portable")}
+    if installed:
+        paths[f"installed library ({installed.name}), its default path"] = (installed, "")
+        paths[f"installed library ({installed.name}), portable"] = (installed, "portable")
+    results = run_matmul_sweep(attention_op, paths, count, seed)
+    descs = [desc for *_, desc in matmul_cases(count, seed)]
+    wide = results.pop("avx512vnni")
+    failed = False
+    for name, outs in results.items():
+        bad = [i for i, (got, want) in enumerate(zip(outs, wide, strict=True))
+               if not np.array_equal(got.view(np.int32), want.view(np.int32))]  # the same model: the same shape
+        print(f"matmul avx512vnni against {name}: {count - len(bad)}/{count} cases bit-identical")
+        for i in bad[:5]:
+            got, want = outs[i], wide[i]
+            print(f"  case {i} ({descs[i]}): {int((got.view(np.int32) != want.view(np.int32)).sum())} of"
+                  f" {want.size} output values differ, largest by {np.abs(got - want).max():.3g}")
+        failed |= bool(bad)
+    return failed
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cases", type=int, default=300, help="random calls in the sweep")
+    parser.add_argument("--matmul-cases", type=int, default=80, help="random calls in the matmul's sweep")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--simde", help="directory holding SIMDe's simde/ headers (default: fetch libsimde-dev)")
     args = parser.parse_args()
-    if args.cases < 1:
-        raise Refused("--cases must be at least 1")
+    if args.cases < 1 or args.matmul_cases < 1:
+        raise Refused("--cases and --matmul-cases must be at least 1")
     sys.path.insert(0, str(ROOT))  # tests/ is a package of the checkout, not of the install
     import pytest
     from specexport.runtime import attention_op
@@ -148,11 +212,14 @@ def main() -> int:
     installed = attention_op.library_path() if attention_op.available() else None
     lib = build(simde_headers(args.simde))
     use_library(attention_op, lib)
-    if attention_op.isa() != "avx512":
-        raise Refused(f"the emulated build reports the {attention_op.isa()} path, not avx512")
-    print(f"built {lib.relative_to(ROOT)}: path {attention_op.isa()}")
+    if (attention_op.isa(), attention_op.matmul_isa()) != ("avx512", "avx512vnni"):
+        raise Refused(f"the emulated build reports the {attention_op.isa()} attention and {attention_op.matmul_isa()}"
+                      " matmul paths, not avx512 and avx512vnni")
+    print(f"built {lib.relative_to(ROOT)}: attention path {attention_op.isa()},"
+          f" matmul path {attention_op.matmul_isa()}")
 
-    failed = pytest.main(["-q", "-p", "no:cacheprovider", str(ROOT / "tests" / "test_attention_op.py")]) != 0
+    failed = pytest.main(["-q", "-p", "no:cacheprovider", str(ROOT / "tests" / "test_attention_op.py"),
+                          str(ROOT / "tests" / "test_matmul_op.py")]) != 0
 
     wide = run_sweep(attention_op, lib, "", args.cases, args.seed)
     others = {"emulated library, avx2": (lib, "avx2"), "emulated library, portable": (lib, "portable")}
@@ -163,14 +230,15 @@ def main() -> int:
         bad = [(i, got, want) for i, (got, want) in enumerate(zip(run_sweep(attention_op, path, isa, args.cases,
                                                                             args.seed), wide, strict=True))
                if got[1] != want[1]]
-        print(f"avx512 against {name}: {args.cases - len(bad)}/{args.cases} cases bit-identical")
+        print(f"attention avx512 against {name}: {args.cases - len(bad)}/{args.cases} cases bit-identical")
         for i, (out, _), (want, _) in bad[:5]:
             diff = np.flatnonzero(out.view(np.int32) != want.view(np.int32))
             where = (f"{diff.size} output values differ, largest by {np.abs(out - want).max():.3g}" if diff.size
                      else "the present caches differ")
             print(f"  case {i} ({descs[i]}): {where}")
         failed |= bool(bad)
-    print("FAIL" if failed else "OK: the emulated AVX-512 path gives the portable bits")
+    failed |= check_matmul(attention_op, lib, installed, args.matmul_cases, args.seed)
+    print("FAIL" if failed else "OK: the emulated AVX-512 paths give the portable bits")
     return 1 if failed else 0
 
 
