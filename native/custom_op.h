@@ -2,9 +2,9 @@
 // OrtCustomOp fields they set alike, the status macro, reading an input tensor, the CPU check behind their ISA
 // choice, the exp of the attention's softmax and the gated MLP's SiLU(gate) * up.
 //
-// Everything here has internal linkage: each source compiles its own copy with its own intrinsics (the
-// attention source's come from SIMDe in tools/check_avx512.py's build), so the two copies of exp_avx2 must not
-// be merged by the linker. Include it after the intrinsics headers.
+// Everything here has internal linkage: each source compiles its own copy with its own intrinsics (the attention
+// and matmul sources' come from SIMDe in tools/check_avx512.py's build), so the copies of exp_avx2 must not be
+// merged by the linker. Include it after the intrinsics headers.
 #pragma once
 
 #include "onnxruntime_c_api.h"
