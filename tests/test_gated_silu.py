@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 
 import numpy as np
@@ -19,6 +18,8 @@ from specexport.exporter import gated_silu
 from specexport.runtime import attention_op, load
 from specexport.runtime.errors import SpecExportError
 
+from .test_matmul_op import open_model
+
 pytestmark = pytest.mark.skipif(not attention_op.available(), reason="the operator library is not built")
 
 
@@ -28,21 +29,6 @@ def op_model() -> onnx.ModelProto:
                               [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                    helper.make_opsetid(attention_op.DOMAIN, 1)])
-
-
-def open_model(model: onnx.ModelProto, threads: int = 1, isa: str | None = None) -> ort.InferenceSession:
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    attention_op.register(opts)
-    old = os.environ.pop("SPECEXPORT_MATMUL_ISA", None)
-    if isa is not None:
-        os.environ["SPECEXPORT_MATMUL_ISA"] = isa
-    try:
-        return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    finally:
-        os.environ.pop("SPECEXPORT_MATMUL_ISA", None)
-        if old is not None:
-            os.environ["SPECEXPORT_MATMUL_ISA"] = old
 
 
 @pytest.mark.parametrize("half", [1, 7, 8, 23, 1536])  # below, at and off AVX2's 8 lanes
