@@ -70,17 +70,20 @@ def draft_policy(ctx: DecodeContext, plan: Plan) -> DraftPolicy:
                      cost=lambda gamma_max: ctx.cost_model(plan.mode, gamma_max))
 
 
-def _lookup(ctx: DecodeContext, plan: Plan) -> LookupDrafter:
-    return LookupDrafter(ctx.pieces.vocab_size, ctx.max_context, plan.lookup_tokens)
+def _lookup(ctx: DecodeContext, plan: Plan, most: int | None = None) -> LookupDrafter:
+    return LookupDrafter(ctx.pieces.vocab_size, ctx.max_context, most or plan.lookup_tokens)
 
 
 def _auto(ctx: DecodeContext, plan: Plan, stats: Stats) -> AutoDrafter:
     p = ctx.pieces
     drafters: list[Drafter] = []
+    lookup_most = plan.lookup_tokens
     if plan.greedy and plan.verify == "exact":  # trees beat chains side by side (BENCHMARKS.md): only trees then
         shape, context = ctx.auto_tree(), ctx.max_context
         drafters += [TreeDrafter(p, shape, context)] if trees_supported(p) else []
         drafters += [HeadTreeDrafter(p, shape, context)] if trees_supported(p, "head") else []
+        if drafters and shape.lookup:  # the tree's cap on lookup's branch holds for lookup alone too: where a
+            lookup_most = min(lookup_most, shape.lookup)  # verified row is dear, long copies cost more than they earn
     if not drafters:
         drafters = [SelfDrafter(p)] if p.adapter is not None else []
         drafters += [ModelDrafter(p)] if p.drafter is not None else []
@@ -91,7 +94,7 @@ def _auto(ctx: DecodeContext, plan: Plan, stats: Stats) -> AutoDrafter:
         names = set(offered.split(","))
         drafters = [d for d in drafters if d.name in names] or drafters
     memory = ctx.auto_memory.setdefault(tuple(d.name for d in drafters), AutoMemory({}))
-    return AutoDrafter(drafters, _lookup(ctx, plan), stats, memory=memory)
+    return AutoDrafter(drafters, _lookup(ctx, plan, lookup_most), stats, memory=memory)
 
 
 # mode -> its drafter, made per request from (ctx, plan, stats); with "ar", the modes of runtime/choices.py

@@ -544,6 +544,27 @@ def test_auto_follows_a_new_winner_within_the_longest_interval():
     assert Counter(picks[switched + 20:])["self"] >= 0.9 * len(picks[switched + 20:])
 
 
+def test_autos_lookup_alone_takes_the_trees_cap_on_lookups_branch(session):
+    from dataclasses import replace
+
+    from specexport.runtime import assemble
+    from specexport.runtime.context import parse_auto_trees
+    from specexport.runtime.stats import Stats
+
+    ctx = session.context
+    plan = session.plan(session.options(mode="auto"))
+    saved = ctx.auto_trees
+    try:
+        for spec, most in [("2:1:2:4", 4), ("2:1:2:0", plan.lookup_tokens), ("2:1:2:99", plan.lookup_tokens)]:
+            ctx.auto_trees = parse_auto_trees(replace(session.speculative, auto_tree={"fp32": spec}))
+            auto = assemble._auto(ctx, plan, Stats())
+            assert "tree" in auto.drafters and auto.lookup.max_tokens == most, spec
+        sampled = session.plan(session.options(mode="auto", temperature=0.8))  # chains, no tree: lookup's own cap
+        assert assemble._auto(ctx, sampled, Stats()).lookup.max_tokens == sampled.lookup_tokens
+    finally:
+        ctx.auto_trees = saved
+
+
 def test_auto_takes_its_tree_from_the_recipe_for_the_bundles_precision(session):
     from dataclasses import replace
 
