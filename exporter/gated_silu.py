@@ -81,15 +81,17 @@ def fold_chains(model: onnx.ModelProto, width: Callable[[onnx.NodeProto], int | 
         if not chain or any(o in graph_outputs for n in (split, *chain[:2]) for o in n.output):
             continue
         stand_in = fold(node, split, chain)
-        if stand_in is not None:
+        if stand_in is None:
+            dropped.add(id(split))
+        else:
             standing[id(split)] = stand_in
-        dropped.update(id(n) for n in (split, *chain))
+        dropped.update(id(n) for n in chain)
         gone.update(o for n in (split, *chain[:2]) for o in n.output)
         gone.update(split.input)  # the matmul's old output and the split sizes, unless still read
         count += 1
     if not count:
         return 0
-    kept = [standing.get(id(n), n) for n in graph.node if id(n) not in dropped or id(n) in standing]
+    kept = [standing.get(id(n), n) for n in graph.node if id(n) not in dropped]
     del graph.node[:]
     graph.node.extend(kept)
     gone -= {name for node in graph.node for name in (*node.input, *node.output)} | graph_outputs

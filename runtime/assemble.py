@@ -70,8 +70,8 @@ def draft_policy(ctx: DecodeContext, plan: Plan) -> DraftPolicy:
                      cost=lambda gamma_max: ctx.cost_model(plan.mode, gamma_max))
 
 
-def _lookup(ctx: DecodeContext, plan: Plan, most: int | None = None) -> LookupDrafter:
-    return LookupDrafter(ctx.pieces.vocab_size, ctx.max_context, most or plan.lookup_tokens)
+def _lookup(ctx: DecodeContext, most: int) -> LookupDrafter:
+    return LookupDrafter(ctx.pieces.vocab_size, ctx.max_context, most)
 
 
 def _auto(ctx: DecodeContext, plan: Plan, stats: Stats) -> AutoDrafter:
@@ -94,7 +94,7 @@ def _auto(ctx: DecodeContext, plan: Plan, stats: Stats) -> AutoDrafter:
         names = set(offered.split(","))
         drafters = [d for d in drafters if d.name in names] or drafters
     memory = ctx.auto_memory.setdefault(tuple(d.name for d in drafters), AutoMemory({}))
-    return AutoDrafter(drafters, _lookup(ctx, plan, lookup_most), stats, memory=memory)
+    return AutoDrafter(drafters, _lookup(ctx, lookup_most), stats, memory=memory)
 
 
 # mode -> its drafter, made per request from (ctx, plan, stats); with "ar", the modes of runtime/choices.py
@@ -102,7 +102,7 @@ DRAFTERS: dict[str, Callable[[DecodeContext, Plan, Stats], Drafter]] = {
     "self": lambda ctx, plan, stats: SelfDrafter(ctx.pieces),
     "model": lambda ctx, plan, stats: ModelDrafter(ctx.pieces),
     "head": lambda ctx, plan, stats: HeadDrafter(ctx.pieces),
-    "lookup": lambda ctx, plan, stats: _lookup(ctx, plan),
+    "lookup": lambda ctx, plan, stats: _lookup(ctx, plan.lookup_tokens),
     "hier": lambda ctx, plan, stats: HierDrafter(ctx.pieces, stats),
     "auto": _auto,
 }
