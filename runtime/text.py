@@ -53,7 +53,7 @@ class Detokenizer:
         # Decoding the whole text again at every step costs more the longer the answer; a request read only
         # at its end with no stop string to watch for decodes once, in flush
         self._deferred = not streaming and not self.stop
-        self._decoded = 0  # deferred: how many ids `emitted` holds (a request's end may flush twice)
+        self._decoded = 0  # how many ids `emitted` was decoded from (a request's end may flush twice)
 
     def push(self, ids: list[int]) -> str:
         self.ids.extend(ids)
@@ -62,6 +62,7 @@ class Detokenizer:
         text = self.codec.decode(self.ids)
         if text.endswith("\ufffd"):  # a multi-byte character still arriving
             return ""
+        self._decoded = len(self.ids)
         hits = [text.find(s) for s in self.stop if s in text]
         if hits:
             self.emitted, self.stopped = text[:min(hits)], True
@@ -74,7 +75,9 @@ class Detokenizer:
 
     def flush(self) -> str:
         """What is held back, once the request ends without the stop string completing."""
-        if self._deferred and self._decoded != len(self.ids):  # the longest run of ids ending on a whole character
+        # the longest run of ids ending on a whole character: a streamed request's last push may have ended
+        # inside one, after tokens of whole ones that it then held back
+        if not self.stopped and self._decoded != len(self.ids):
             end = self._decoded = len(self.ids)
             while end and (text := self.codec.decode(self.ids[:end])).endswith("\ufffd"):
                 end -= 1

@@ -69,6 +69,22 @@ def test_held_back_text_is_streamed_when_the_stop_string_does_not_complete():
     assert "".join(out) == "end ST"  # the request ended: what was held is shown
 
 
+def test_a_stream_ending_inside_a_character_keeps_the_whole_ones_before_it():
+    """The last push ends inside a character after whole ones in the same push: they are the request's text,
+    whatever the chunks, as a request read at its end has it."""
+    class Bytes:  # a codec whose tokens are UTF-8 bytes
+        def decode(self, ids):
+            return bytes(ids).decode("utf-8", errors="replace")
+
+    ids = [*"aé".encode(), ord("h"), ord("r"), "é".encode()[0]]  # ends on half of another é
+    for step in (1, 2, 3, 5):
+        deltas, detok = _stream(Bytes(), ids, step=step)
+        assert "".join(deltas) == "aéhr" == detok.emitted, step
+    deferred = Detokenizer(Bytes(), streaming=False)
+    deferred.push(ids)
+    assert deferred.flush() == "aéhr"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("text", TEXTS)
 def test_a_request_read_at_its_end_decodes_once_to_the_streamed_text(codec, text):
