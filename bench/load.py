@@ -294,9 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             return System(f"{mode}, batched", args.batch_bundle, lambda i: batched.chat(PROMPTS[i], mode, n),
                           batched.cpu_s)
     else:
-        t0 = time.perf_counter()
         scheduler = BatchScheduler(batch_single, max_batch=max_batch, threads=threads)
-        print(f"batched cost model {scheduler.cost} (measured in {time.perf_counter() - t0:.1f} s)", file=sys.stderr)
 
         def one_at_a_time(mode: str) -> System:
             return System(f"{mode}, one at a time", args.bundle,

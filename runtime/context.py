@@ -5,6 +5,8 @@ loop's assembly sits below the session that drives it."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +29,10 @@ class DecodeContext:
     trees_in_full: bool = False  # a tree step keeps its whole accepted branch (tree.trees_in_full)
     costs: dict[tuple[str, int], CostModel] = field(default_factory=dict)  # measured when first asked for
     auto_memory: dict[tuple[str, ...], AutoMemory] = field(default_factory=dict)  # per set of auto's choices
+    # the request's own seconds, which auto's estimates are measured in; where the pieces are shared with other
+    # sequences (runtime/batching), its share of their calls, and `shared` says whether others share them now
+    clock: Callable[[], float] = time.perf_counter
+    shared: Callable[[], bool] | None = None
 
     @classmethod
     def of(cls, pieces: Pieces, root: Path, max_context: int, precision: str,
@@ -38,7 +44,7 @@ class DecodeContext:
         second; loading never pays it)."""
         key = (mode, gamma_max)
         if key not in self.costs:
-            self.costs[key] = measure_cost(self.pieces, mode, gamma_max, self.max_context)
+            self.costs[key] = measure_cost(self.pieces, mode, gamma_max, self.max_context, clock=self.clock)
         return self.costs[key]
 
     def auto_tree(self) -> TreeShape:

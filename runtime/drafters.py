@@ -15,6 +15,7 @@ so each drafter brings its own state (caches, pending states) up to date whichev
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -390,15 +391,22 @@ class AutoDrafter:
     name = "auto"
 
     def __init__(self, drafters: list[Drafter], lookup: LookupDrafter, stats: Stats, lookup_min_ngram: int = 2,
-                 revisit: int = 16, max_revisit: int = 128, memory: AutoMemory | None = None) -> None:
+                 revisit: int = 16, max_revisit: int = 128, memory: AutoMemory | None = None,
+                 clock: Callable[[], float] = time.perf_counter, shared: Callable[[], bool] | None = None) -> None:
         self.drafters = {d.name: d for d in [*drafters, lookup]}
         self.lookup, self.lookup_min_ngram = lookup, lookup_min_ngram
         self.revisit, self.max_revisit = revisit, max_revisit
         self.contexts = (NO_MATCH, *range(lookup_min_ngram, lookup.max_ngram + 1), COPY_RUN)
-        # a floored tree makes the plain-or-speculate call itself (runtime/tree.py)
-        self.always = [d.name for d in drafters] + ([] if any("tree" in n for n in self.drafters) else [PLAIN])
+        # a floored tree makes the plain-or-speculate call itself (runtime/tree.py) ...
+        tree = any("tree" in n for n in self.drafters)
+        self.always = [d.name for d in drafters] + ([] if tree else [PLAIN])
+        # ... from the drafter's probabilities alone, which do not see other sequences sharing the calls: while
+        # they do (`shared`), a verified row costs more than alone, and a plain step is a choice again
+        self.shared = shared if tree else None
+        self.clock = clock  # a sequence's own seconds: with others sharing its calls, its share of them
         self.memory = memory if memory is not None else AutoMemory({})
-        self.steps = stats.extra.setdefault("auto_steps", dict.fromkeys([*self.drafters, *self.always], 0))
+        plain = [PLAIN] if self.shared is not None else []
+        self.steps = stats.extra.setdefault("auto_steps", dict.fromkeys([*self.drafters, *self.always, *plain], 0))
         self.choice: tuple[str, int] | None = None  # None: the loop skipped propose (no budget this step)
         self.retry = False
 
@@ -430,7 +438,8 @@ class AutoDrafter:
 
     def pick(self, history: list[int]) -> tuple[str, int]:
         context = self.context(history)
-        names = [*self.always, *([self.lookup.name] if context != NO_MATCH else [])]
+        plain = [PLAIN] if self.shared is not None and self.shared() else []
+        names = [*self.always, *plain, *([self.lookup.name] if context != NO_MATCH else [])]
         ests = {n: self.estimate(n, context) for n in names}
         stale = [n for n in names if ests[n].steps == 0 or self.step - ests[n].last_step > ests[n].revisit]
         self.retry = bool(stale)
@@ -453,17 +462,17 @@ class AutoDrafter:
 
     def propose(self, history: list[int], budget: int, policy: DraftPolicy, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
-        t0 = time.perf_counter()
+        t0 = self.clock()
         self.choice = self.pick(history)
         name = self.choice[0]
         draft = Draft([]) if name == PLAIN else self.drafters[name].propose(history, budget, policy, params, rng)
-        self.proposed_at = time.perf_counter()
-        self.draft_s = self.proposed_at - t0 - draft.catchup_s
+        self.proposed_at = self.clock()
+        self.draft_s = max(0.0, self.proposed_at - t0 - draft.catchup_s)
         return draft
 
     def advance(self, hidden: np.ndarray, pos: int, final: int) -> None:
         if self.choice is not None:
-            seconds = self.draft_s + time.perf_counter() - self.proposed_at  # drafting + verification
+            seconds = self.draft_s + self.clock() - self.proposed_at  # drafting + verification
             self.record(self.choice, final, seconds, self.retry)
             self.choice = None
         self.step += 1

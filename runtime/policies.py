@@ -130,19 +130,20 @@ class CostModel:
 
     @classmethod
     def measure(cls, draft: Callable[[], object], verify: Callable[[int], object], gamma_max: int,
-                repeats: int = 7) -> CostModel:
+                repeats: int = 7, clock: Callable[[], float] = time.perf_counter) -> CostModel:
         """Time one draft step and verification of 1..gamma_max + 1 positions (medians of `repeats`, after a
         warm-up round) and fit the line. The calls take turns, round after round, so a busy moment of the
-        machine slows every size alike instead of tilting the line."""
+        machine slows every size alike instead of tilting the line. `clock`: the request's own seconds (its
+        share of calls it shares with other sequences: runtime/batching)."""
         sizes = list(range(1, gamma_max + 2))
         calls = [draft, *(lambda n=n: verify(n) for n in sizes)]
         times: list[list[float]] = [[] for _ in calls]
         for round_ in range(repeats + 1):
             for call, seconds in zip(calls, times, strict=True):
-                t0 = time.perf_counter()
+                t0 = clock()
                 call()
                 if round_:
-                    seconds.append(time.perf_counter() - t0)
+                    seconds.append(clock() - t0)
         draft_s, *verify_s = (statistics.median(t) for t in times)
         slope, intercept = np.polyfit(sizes, verify_s, 1) if len(sizes) > 1 else (0.0, verify_s[0])
         # a negative slope is measurement noise: verification never gets cheaper with more positions
@@ -269,7 +270,8 @@ GOODPUT_MODES = ("self", "model", "lookup")
 COST_POSITION = 256  # where the pieces are timed: a typical prompt's length (attention grows with it)
 
 
-def measure_cost(pieces, mode: str, gamma_max: int, max_context: int, repeats: int = 5) -> CostModel:
+def measure_cost(pieces, mode: str, gamma_max: int, max_context: int, repeats: int = 5,
+                 clock: Callable[[], float] = time.perf_counter) -> CostModel:
     """Time `mode`'s pieces for the goodput policy: a draft step (self: shallow + adapter on one token;
     model: the drafter piece; lookup: free) and a verification of n positions (deep on n states plus the
     shallow calls that make them). Call it between generations: it writes cache positions near
@@ -293,4 +295,4 @@ def measure_cost(pieces, mode: str, gamma_max: int, max_context: int, repeats: i
         elif mode == "model":
             pieces.drafter.run(ids[:, :1], pos)
 
-    return CostModel.measure(draft, verify, gamma_max, repeats)
+    return CostModel.measure(draft, verify, gamma_max, repeats, clock)

@@ -1,6 +1,6 @@
 """`--batch N`: the Worker's interface over the runtime's batched scheduler, so up to N requests decode at
-once, verified together in batched `deep` calls (runtime/batching; a standard-flavour bundle, modes ar,
-lookup, model, self and auto). Each request's text is relayed to its Run by a thread of its own, which blocks
+once, their calls of each piece run together (runtime/batching: a rowwise or standard-flavour bundle, every mode
+a Session runs but PEARL's schedule). Each request's text is relayed to its Run by a thread of its own, which blocks
 on the request's tokens; cancelling the Run (a client that left, shutdown) cancels the request, freeing its
 cache rows."""
 

@@ -120,6 +120,24 @@ def test_head_and_auto_are_ar_token_for_token(bundles, precision):
         assert "head-tree" in auto
 
 
+def test_head_runs_batched_as_alone(bundles):
+    """The draft head's chains and trees in the batched engine, three requests side by side: its features ride
+    in each row's calls, and every request is AR's."""
+    from specexport.runtime.batching import BatchScheduler
+
+    session = load(bundles["int8"], threads=1)
+    prompts = ("hash table", "the quick brown fox", "bread keeps fresh")
+    ids = [session.prompt_ids(p, session.options()) for p in prompts]
+    ar = [session.generate_ids(i, max_new_tokens=40, mode="ar").tokens for i in ids]
+    with BatchScheduler(session, max_batch=3) as scheduler:
+        for overrides in ({"mode": "head"}, {"mode": "head", "tree": "4:3:2:10:0.05:0.2"}):
+            with scheduler._wake:  # admitted together, so that their calls meet
+                requests = [scheduler.submit(i, max_new_tokens=40, **overrides) for i in ids]
+            assert [r.result() for r in requests] == ar, overrides
+            assert sum(r.stats.drafted for r in requests) > 0
+        assert scheduler.counts.max_rows == 3
+
+
 def test_head_sampling_follows_the_target(bundles):
     """PIT over 300 fixed-seed generations: the head's drafts, accepted and rejected, leave the target's
     distribution (the drafter's distribution only orders tokens for the second statistic)."""

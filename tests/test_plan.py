@@ -23,7 +23,6 @@ from specexport.runtime.policies import GOODPUT_MODES
 from specexport.runtime.tree import TreeShape
 from specexport.runtime.verification import SPECDEC_BETA, SPECDEC_TAU
 
-from .test_batching import COST
 from .test_cli import assert_one_sentence_error, cli
 
 EVERYTHING = Capabilities(Path("b"), frozenset({"adapter", "drafter", "head"}), frozenset({"model", "head"}),
@@ -38,12 +37,9 @@ def plan_of(caps: Capabilities = EVERYTHING, **overrides):
 def test_one_list_of_modes():
     from specexport.cli.main import generate
     from specexport.runtime.assemble import DRAFTERS
-    from specexport.runtime.batching.scheduler import BATCH_MODES, MODE_SOURCES
 
     assert ("ar", *DRAFTERS) == MODES  # the decoder has a drafter for every mode but ar, in the list's order
     assert len(set(MODES)) == len(MODES)
-    assert set(BATCH_MODES) <= set(MODES) and set(MODE_SOURCES) <= set(MODES)
-    assert list(BATCH_MODES) == [m for m in MODES if m in BATCH_MODES]  # in the list's order
     for named in (MODE_PIECES, PEARL_MODES, TREE_GROWERS, GOODPUT_MODES):
         assert set(named) <= set(MODES), named
     choices = {p.name: getattr(p.type, "choices", None) for p in generate.params}
@@ -153,7 +149,7 @@ def runners(bundles):
     from specexport.runtime.batching import BatchScheduler
 
     sessions = {name: load(path, threads=1) for name, path in bundles.items()}
-    schedulers = {name: BatchScheduler(session, max_batch=1, cost=COST) for name, session in sessions.items()}
+    schedulers = {name: BatchScheduler(session, max_batch=1) for name, session in sessions.items()}
     yield sessions, schedulers
     for scheduler in schedulers.values():
         scheduler.close()
@@ -178,15 +174,16 @@ def test_the_same_sentence_everywhere(runners, bundles, bundle, overrides, fragm
 
 
 def test_what_batching_cannot_run_is_its_own_sentence(runners):
+    """Every mode, tree, policy and verification rule a Session runs runs batched; PEARL's schedule is refused
+    in a sentence of its own."""
     sessions, schedulers = runners
     scheduler = schedulers["drafting"]
-    sessions["drafting"].options(mode="hier", tree=None)  # one request at a time runs it
-    with pytest.raises(OptionError, match="mode hier does not run batched"):
-        scheduler.submit([5, 6, 7], mode="hier")
-    with pytest.raises(OptionError, match="drop tree, schedule, verify and policy"):
+    sessions["drafting"].options(mode="self", schedule="pearl")  # one request at a time runs it
+    with pytest.raises(OptionError, match="schedule pearl does not run batched"):
         scheduler.submit([5, 6, 7], mode="self", schedule="pearl")
-    with pytest.raises(OptionError, match="drop tree, schedule, verify and policy"):
-        scheduler.submit([5, 6, 7], mode="lookup", verify="specdec")
+    for overrides in ({"mode": "hier"}, {"mode": "lookup", "verify": "specdec"}, {"mode": "model", "tree": "4:2:2"},
+                      {"mode": "self", "policy": "fixed:2"}):
+        scheduler.options(**overrides)  # planned, not refused
     request = scheduler.submit([5, 6, 7], max_new_tokens=3, mode="lookup", gamma=2)
     assert request.plan.lookup_tokens == 2 and len(request.result()) == 3
 

@@ -56,14 +56,14 @@ def test_concurrent_requests_are_batched_and_each_is_ar(session):
             ar = session.generate(prompt, mode="ar", max_new_tokens=n)
             assert reply.model_extra["specexport"]["token_ids"] == ar.tokens, (prompt, mode)
             assert reply.choices[0].message.content == ar.text
-        # they were decoded together: the scheduler verified as many rows as the requests took steps (each
-        # reply's steps count its prefill too), in fewer steps than that, up to two rows a step
+        # they were decoded together: deep ran as many rows as the requests took steps (each reply's steps count
+        # its prefill's call too), in fewer calls than that, up to two rows a call
         counts = server.app.state.worker.scheduler.counts
-        assert counts.row_steps == sum(r.model_extra["specexport"]["steps"] - 1 for r in replies)
+        assert counts.row_steps == sum(r.model_extra["specexport"]["steps"] for r in replies)
         assert counts.max_rows == 2 and counts.steps < counts.row_steps, counts
-        with pytest.raises(openai.BadRequestError, match="batched scheduler"):
+        with pytest.raises(openai.BadRequestError, match="does not run batched"):
             client.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
-                                           extra_body={"specexport": {"mode": "hier"}})
+                                           extra_body={"specexport": {"mode": "self", "schedule": "pearl"}})
         assert server.health()["completed"] == len(jobs)
     finally:
         server.stop()

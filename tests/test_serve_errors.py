@@ -69,9 +69,10 @@ def test_one_at_a_time_a_bad_request_is_400_and_a_failing_piece_500(one_at_a_tim
 
 def test_batching_a_bad_request_is_400_and_a_failing_piece_500(batching):
     server = batching
-    # the batched scheduler does not run hier: refused when the request is submitted to it
-    assert_error(_post(server, "/v1/completions", {"prompt": PROMPT, "specexport": {"mode": "hier"}}), 400, None,
-                 "unsupported_value", "batched scheduler")
+    # the batched scheduler does not run PEARL's schedule: refused when the request is submitted to it
+    assert_error(_post(server, "/v1/completions", {"prompt": PROMPT, "specexport": {"mode": "model",
+                                                                                     "schedule": "pearl"}}),
+                 400, None, "unsupported_value", "does not run batched")
     assert_fails_mid_generation(server, server.app.state.worker.scheduler.pieces.deep.session)
     health = server.health()
     assert (health["failed"], health["completed"], health["running"]) == (3, 1, 0), health

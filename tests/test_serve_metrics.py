@@ -138,16 +138,17 @@ def test_metrics_of_a_batching_server(batching):
     for t in threads:
         t.join(120)
     assert all(replies)
-    assert _post(server, "/v1/completions", {"prompt": PROMPT, "specexport": {"mode": "hier"}}).status_code == 400
+    pearl = {"prompt": PROMPT, "specexport": {"mode": "model", "schedule": "pearl"}}
+    assert _post(server, "/v1/completions", pearl).status_code == 400
     after = Scrape(server)
 
     assert after.value("specexport_requests_total", outcome="completed") == len(jobs)
     assert after.value("specexport_requests_total", outcome="rejected") == 1
     assert_speculation_counted(after, before, replies)
-    # a batched step is observed once, with its rows: the rows add up to the requests' steps after their prefills
+    # a batched deep call is observed once, with its rows: the rows add up to the requests' steps, prefills included
     counts = server.app.state.worker.scheduler.counts
     assert after.value("specexport_step_seconds_count") == after.value("specexport_step_rows_count") == counts.steps
-    assert after.value("specexport_step_rows_sum") == counts.row_steps == sum(r["steps"] - 1 for r in replies)
+    assert after.value("specexport_step_rows_sum") == counts.row_steps == sum(r["steps"] for r in replies)
     assert after.value("specexport_step_rows_bucket", le="1.0") < counts.steps  # some steps verified two rows
     assert after.value("specexport_queue_depth") == 0 and after.value("specexport_requests_running") == 0
 

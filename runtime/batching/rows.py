@@ -33,6 +33,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ..backends.buckets import bucket
+from ..backends.common import TreeMask
 from ..backends.ort import check_session_io, session_options, unloadable
 from ..bundle import Bundle
 from ..errors import RunError, SpecExportError
@@ -89,35 +90,49 @@ class BatchedPiece:
             if t.name.startswith("past_"):
                 self.caches[t.name] = np.zeros((max_rows, t.shape[1], max_context, t.shape[3]), dtype=t.dtype)
         self.binding = self.session.io_binding()
+        self._bound: tuple[int, int] | None = None  # the pool's rows bound in place as the caches, if any
 
-    def run(self, x: np.ndarray, rows: list[int], starts: list[int], keep: int = 1) -> dict[str, np.ndarray]:
+    def run(self, x: np.ndarray, rows: list[int], starts: list[int], keep: int = 1,
+            trees: list[TreeMask | None] | None = None,
+            extra: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """`trees`: per row, the token tree its call's tokens form (None: a chain); `extra`: further [k, n, ...]
+        inputs (the draft head's features)."""
         k, n = x.shape[:2]
-        if self.pad_one_row and k * n == 1 and starts[0] + 2 <= self.max_context:
+        if self.pad_one_row and k * n == 1 and starts[0] + 2 <= self.max_context and not (trees and trees[0]):
             # the token and a copy at the next slot, which the row's next call writes before anything reads it
-            results = self._run(np.concatenate([x, x], axis=1), rows, starts, 2 if keep >= 1 else keep)
+            both = {name: np.concatenate([v, v], axis=1) for name, v in (extra or {}).items()}
+            results = self._run(np.concatenate([x, x], axis=1), rows, starts, 2 if keep >= 1 else keep, None, both)
             return {name: value[:, :1] for name, value in results.items()}
-        return self._run(x, rows, starts, keep)
+        return self._run(x, rows, starts, keep, trees, extra)
 
-    def _run(self, x: np.ndarray, rows: list[int], starts: list[int], keep: int) -> dict[str, np.ndarray]:
+    def _run(self, x: np.ndarray, rows: list[int], starts: list[int], keep: int,
+             trees: list[TreeMask | None] | None, extra: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
         k, n = x.shape[:2]
         end = max(starts) + n
         if end > self.max_context:
             raise RunError(f"piece {self.name!r}: a call of {n} tokens at position {max(starts)} runs past"
                                   f" the context of {self.max_context}")
         width = bucket(end, self.max_context)
-        positions = np.asarray(starts, dtype=np.int64)[:, None] + np.arange(n, dtype=np.int64)[None, :]
-        b = self.binding
-        b.clear_binding_inputs()
-        b.clear_binding_outputs()
-        b.bind_cpu_input(self.primary, np.ascontiguousarray(x))
-        b.bind_cpu_input("position_ids", positions)
+        slots = np.asarray(starts, dtype=np.int64)[:, None] + np.arange(n, dtype=np.int64)[None, :]
+        positions = slots.copy()  # a tree's tokens take consecutive slots but sit at their depth's position
         bias_width = width if self.bias_whole_cache or not self.in_place else end
-        b.bind_cpu_input("attention_bias", np.zeros((k, 1, n, bias_width), dtype=self.bias_dtype))
+        bias = np.zeros((k, 1, n, bias_width), dtype=self.bias_dtype)
+        for i, tree in enumerate(trees or ()):
+            if tree is not None:
+                m = len(tree.depth)
+                positions[i, :m] = tree.base + tree.depth
+                bias[i, 0, :m, tree.base:starts[i] + m][~tree.visible] = np.finfo(self.bias_dtype).min
+        b = self.binding  # a name bound again replaces its binding: the caches stay bound while their rows do
+        b.bind_cpu_input(self.primary, np.ascontiguousarray(x))
+        for name, value in (extra or {}).items():
+            b.bind_cpu_input(name, np.ascontiguousarray(value))
+        b.bind_cpu_input("position_ids", positions)
+        b.bind_cpu_input("attention_bias", bias)
         if "logits_to_keep" in self.input_names:
             b.bind_cpu_input("logits_to_keep", np.array([keep], dtype=np.int64))
         if self.in_place:
             # each row's last new slot; causality is by slot, so a row sees only its own tokens and past
-            b.bind_cpu_input("seqlens_k", (positions[:, -1]).astype(np.int32))
+            b.bind_cpu_input("seqlens_k", (slots[:, -1]).astype(np.int32))
             b.bind_cpu_input("total_sequence_length", np.array(end, dtype=np.int32))
             written = self._bind_in_place(rows, width)
         else:
@@ -138,6 +153,16 @@ class BatchedPiece:
                 pool[row, :, start:start + n] = out[i, :, start:start + n]
         return results
 
+    def move_slots(self, row: int, src: list[int], dst: list[int]) -> None:
+        """Copies cache row `row`'s entries at slots `src` to slots `dst` (a token tree's accepted branch laid
+        out as its chain; OrtPiece.move_slots for one sequence)."""
+        pairs = [(s, d) for s, d in zip(src, dst, strict=True) if s != d]
+        if not pairs:
+            return
+        src_idx, dst_idx = (np.array(p, dtype=np.int64) for p in zip(*pairs, strict=True))
+        for pool in self.caches.values():
+            pool[row, :, dst_idx] = pool[row, :, src_idx]  # the right side is a copy: overlapping slots are safe
+
     def _bind_gathered(self, rows: list[int], width: int) -> dict[str, np.ndarray]:
         """Standard graphs: the rows' caches gathered as past, a fresh present; returns the presents to write back."""
         presents = {}
@@ -154,6 +179,9 @@ class BatchedPiece:
         back), others a gathered copy at the call's bucket, bound as both past and present (written back)."""
         lo = rows[0]
         neighbours = rows == list(range(lo, lo + len(rows)))
+        if neighbours and self._bound == (lo, len(rows)):
+            return {}
+        self._bound = (lo, len(rows)) if neighbours else None
         copies = {}
         for past, pool in self.caches.items():
             cache = pool[lo:lo + len(rows)] if neighbours else np.ascontiguousarray(pool[rows, :, :width])

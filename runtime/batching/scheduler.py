@@ -1,25 +1,20 @@
-"""`BatchScheduler`: many requests at once on one bundle, verified together in batched `deep` calls.
+"""`BatchScheduler`: many requests at once on one bundle, their calls of each piece run together (engine.py).
 
     scheduler = BatchScheduler(session, max_batch=4)      # or a bundle path
-    request = scheduler.submit(prompt_ids, max_new_tokens=64, mode="lookup")
+    request = scheduler.submit(prompt_ids, max_new_tokens=64, mode="auto")
     for tokens in request:                                # new token ids, a list per step
         ...
-    request.cancel()                                      # frees its cache row at the next step
-    for text in scheduler.stream("Write a haiku.", stop=["\n\n"]):   # text, as Session.stream gives it
+    request.cancel()                                      # frees its cache row after its current step
+    for text in scheduler.stream("Write a haiku.", stop=["\\n\\n"]):   # text, as Session.stream gives it
         ...
 
-One thread drives the loop. Between steps, finished and cancelled rows free their cache row and waiting
-requests take free rows (order.py), each read in by a prefill of its own; then every running row offers
-what it can draft (prompt lookup's drafts, found at once; up to gamma of a model's), the step's plan picks
-each row's source and draft count for the batch (goodput.py), the drafting models draft for all their rows
-at once (drafting.py), and one step verifies them all (step.py). Each request gets exactly the tokens it
-would get alone from the bundle's AR (greedy), whatever runs beside it: its rows are computed bit for bit
-as a one-row call's (rows.py).
-
-Modes and what their rows draft with ("sources"): ar nothing; lookup prompt lookup; model the drafter
-piece; self the adapter on shallow's early exit; auto, per step, whichever of prompt lookup and the
-bundle's drafting pieces the plan expects the most of (the token trees one request's auto may run are not
-batched, nor is hier).
+A request that holds a cache row runs a Session's own decoding loop (runtime/assemble.py: the same plan,
+drafters, policies, trees and verification) on a thread of its own, on views of its row of pooled pieces; the
+engine runs the rows' calls of a piece as one batched call. So every mode a Session runs runs batched, and a
+request gets exactly the tokens it would get alone from the bundle, whatever runs beside it, except PEARL's
+schedule, whose drafter runs beside the target on threads of its own and is refused. Between requests, free
+rows go to the waiting request with the shortest expected service (order.py). What `auto` measures (its
+choices' tokens per second) is measured in the batched steps it runs in, so its choices follow the load.
 """
 
 from __future__ import annotations
@@ -27,46 +22,41 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import onnxruntime as ort
 
+from ..assemble import decoder
 from ..backends.common import WrappedPiece
 from ..backends.ort import OrtPiece
 from ..bundle import Bundle, load_bundle
-from ..choices import MODES
-from ..drafters import LOOKUP_MAX_TOKENS, AdapterState, LookupDrafter
+from ..context import DecodeContext
+from ..decode import Pieces
+from ..drafters import LOOKUP_MAX_TOKENS
 from ..errors import RunError, SpecExportError
+from ..head import FeatureTap
 from ..options import Limits, OptionError, Options, make_options
 from ..plan import Capabilities, Plan, make_plan
-from ..policies import ConfidencePolicy
 from ..sampling import SamplingParams
 from ..text import TextCodec, check_prompt_fits
-from .drafter_cache import DrafterCache
-from .drafting import DraftHead, draft_with_adapter, draft_with_drafter
-from .goodput import BatchCost, DraftCost, plan
+from ..tree import trees_in_full
+from .cost import CallCost
+from .engine import LONG_CALL, Engine, SequenceClock, SequencePiece
 from .order import AdmissionQueue
-from .request import BatchRequest, Row
+from .request import BatchRequest
 from .rows import BatchedPiece, check_batchable, pads_one_row_calls
-from .step import BatchPieces, prefill, step
 from .text import BatchTextStream
 
 if TYPE_CHECKING:
     from ..session import Session
 
-MODE_SOURCES = {"ar": (), "lookup": ("lookup",), "model": ("model",), "self": ("self",)}  # auto: the bundle's
-SOURCE_PIECES = {"model": "drafter", "self": "adapter"}
-BATCH_MODES = tuple(m for m in MODES if m in MODE_SOURCES or m == "auto")  # in choices.py's order
-ALPHA_PRIOR = 0.5
-
 
 @dataclasses.dataclass
 class StepCounts:
-    """The batched steps so far: how many, the rows they verified in all, and the most rows in one (a step of
-    several rows is work that one request at a time would have done in as many steps)."""
+    """The deep calls so far (each request's steps and its prefill's): how many, the rows they ran in all, and the
+    most rows in one (a call of several rows is work that one request at a time would have done in as many)."""
 
     steps: int = 0
     row_steps: int = 0
@@ -89,7 +79,9 @@ def opened_session(source, name: str) -> ort.InferenceSession | None:
 
 class BatchScheduler:
     def __init__(self, source: Session | str | Path, max_batch: int = 4, threads: int | None = None,
-                 cost: BatchCost | None = None, max_draft: int = LOOKUP_MAX_TOKENS) -> None:
+                 max_draft: int = LOOKUP_MAX_TOKENS, cost: CallCost | None = None) -> None:
+        """`cost`: what a batched verification call costs (cost.py); measured here, in a second or two, unless
+        given."""
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise OptionError(f"max_batch must be a positive integer, not {max_batch!r}")
         bundle: Bundle = load_bundle(source) if isinstance(source, (str, Path)) else source.bundle
@@ -101,32 +93,29 @@ class BatchScheduler:
                                                                                          bundle.manifest.tokenizer)
         self._defaults = dataclasses.asdict(bundle.manifest.generation)
         self._limits = Limits(bundle.max_context, bundle.max_context - 1)
-        self._capabilities = Capabilities.of_bundle(bundle)
-
-        def open_piece(name: str) -> BatchedPiece:
-            return BatchedPiece(name, bundle.piece_path(name), bundle.pieces[name], bundle.max_context, max_batch,
-                                threads, opened_session(source, name), attention, bundle.manifest.graph.matmul)
-
-        def open_head(name: str) -> DraftHead | None:
-            if name not in bundle.pieces:
-                return None
-            return DraftHead(open_piece(name), bundle.draft_vocab(name), bundle.manifest.model.dims.vocab)
-
-        self.pieces = BatchPieces(open_piece("shallow"), open_piece("deep"), open_head("adapter"),
-                                  open_head("drafter"))
-        pad = pads_one_row_calls(source, bundle, self.pieces.shallow, self.pieces.deep)
-        self.pieces.shallow.pad_one_row = self.pieces.deep.pad_one_row = pad
-        self.sources = ("lookup", *(s for s, piece in SOURCE_PIECES.items() if piece in bundle.pieces))
-        self.cost = self._measure_cost(cost)
-        self._tau = dict.fromkeys(BATCH_MODES, 1.0)  # tokens per step lately, by mode: the admission order's guess
-        # acceptance lately over all rows, by source: a joining row's starting estimate
-        self._alpha = dict.fromkeys(self.sources, ALPHA_PRIOR)
+        pools = {name: BatchedPiece(name, bundle.piece_path(name), bundle.pieces[name], bundle.max_context,
+                                    max_batch, threads, opened_session(source, name), attention,
+                                    bundle.manifest.graph.matmul)
+                 for name in bundle.pieces}
+        self.pieces = Pools(**pools)
+        pad = pads_one_row_calls(source, bundle, pools["shallow"], pools["deep"])
+        pools["shallow"].pad_one_row = pools["deep"].pad_one_row = pad
+        self.cost = cost or self._measure_cost(pools["shallow"], pools["deep"])
+        self.engine = Engine(pools, self.cost, on_call=self._observe)
+        self._vocabs = {name: bundle.draft_vocab(name) for name in ("adapter", "drafter", "head")}
+        template = self._pieces(0)
+        # what the requests' loops read, auto's estimates and the cost models shared among them
+        self.context = DecodeContext.of(template, bundle.root, bundle.max_context, bundle.manifest.precision,
+                                        bundle.manifest.speculative, trees_in_full(attention, template))
+        self._capabilities = Capabilities.of(self.context)
+        self._tau: dict[str, float] = {}  # tokens per step lately, by mode: the admission order's guess
+        self._step_s = 0.0  # a verification call's seconds lately
         self.counts = StepCounts()
-        # called on the loop's thread after each step with its rows and seconds (drafting included)
-        self.on_step: Callable[[int, float], None] | None = None
+        # called after each batched verification call with its rows and seconds
+        self.on_step = None
         self._waiting = AdmissionQueue(self._service_s)
         self._free = list(range(max_batch))
-        self._rows: list[Row] = []
+        self._running: dict[int, tuple[BatchRequest, threading.Thread]] = {}
         self._closed = False
         self._wake = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name="specexport-batch", daemon=True)
@@ -144,12 +133,9 @@ class BatchScheduler:
     def plan(self, opts: Options) -> Plan:
         """Session's plan for `opts` (the same refusals, in the same words), when the batched steps can run it."""
         plan = make_plan(opts, self._capabilities, self.max_draft)
-        if plan.mode not in BATCH_MODES:
-            raise OptionError(f"mode {plan.mode} does not run batched (the batched scheduler drafts with prompt"
-                              f" lookup, the drafter piece and the adapter alone); use one of {', '.join(BATCH_MODES)}")
-        if plan.tree is not None or plan.schedule != "sequential" or plan.lossy or opts.policy:
-            raise OptionError("the batched scheduler verifies exactly and picks each step's draft length itself;"
-                              " drop tree, schedule, verify and policy")
+        if plan.schedule != "sequential":
+            raise OptionError(f"schedule {plan.schedule} does not run batched (its drafter runs beside the target on"
+                              " threads of its own); drop schedule, or use a Session")
         return plan
 
     def submit(self, prompt_ids: list[int], **options) -> BatchRequest:
@@ -195,155 +181,111 @@ class BatchScheduler:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    # -- the loop ------------------------------------------------------------------------------------
+    # -- admission -------------------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        while True:
-            with self._wake:
-                while not self._closed and not self._rows and not len(self._waiting):
+        with self._wake:
+            while True:
+                while not self._closed and not (self._free and len(self._waiting)):
                     self._wake.wait()
                 if self._closed:
                     break
                 for request in self._waiting.drop_cancelled():
                     request.end("cancelled")
-                joining = self._admit()
-            for row in joining:
-                self._run(self._prefill, [row])
-            self._rows = [r for r in self._rows if not self._finished(r)]
-            if self._rows:
-                self._run(self._step, self._rows)
-            self._rows = [r for r in self._rows if not self._finished(r)]
-        for row in self._rows:
-            row.request.end("cancelled")
+                while self._free and len(self._waiting):
+                    request = self._waiting.pop()
+                    row = self._free.pop()
+                    thread = threading.Thread(target=self._serve, args=(request, row), daemon=True,
+                                              name=f"specexport-row-{row}")
+                    self._running[row] = request, thread
+                    thread.start()
+            running = list(self._running.values())
+        for request, _ in running:
+            request.cancel()
+        for _, thread in running:
+            thread.join()
         for request in self._waiting.drain():
             request.end("cancelled")
 
-    def _admit(self) -> list[Row]:
-        joining = []
-        while self._free and len(self._waiting):
-            request = self._waiting.pop()
-            if request.cancelled:
-                request.end("cancelled")
-                continue
-            joining.append(self._row(request, self._free.pop()))
-        return joining
+    def _pieces(self, row: int, clock: SequenceClock | None = None) -> Pieces:
+        clock = clock or SequenceClock()
 
-    def _row(self, request: BatchRequest, slot: int) -> Row:
-        opts, plan = request.opts, request.plan
-        sources = self.sources if plan.mode == "auto" else MODE_SOURCES[plan.mode]
-        lookup = (LookupDrafter(self.bundle.manifest.model.dims.vocab, self.bundle.max_context, plan.lookup_tokens)
-                  if "lookup" in sources else None)
-        if plan.mode == "auto":
-            request.stats.extra["auto_steps"] = dict.fromkeys(["ar", *sources], 0)
-        return Row(request, slot, list(request.prompt_ids), SamplingParams(opts.temperature, opts.top_k, opts.top_p),
-                   np.random.default_rng(opts.seed), {s: self._alpha[s] for s in sources}, lookup,
-                   DrafterCache() if "model" in sources else None, gamma=plan.gamma,
-                   policy=ConfidencePolicy(plan.gamma, plan.eta))
+        def view(name: str) -> SequencePiece | None:
+            return SequencePiece(self.engine, name, row, clock) if name in self.engine.pieces else None
 
-    def _run(self, call, rows: list[Row]) -> None:
-        """Runs a prefill or a step; a failure ends the requests it was for, and the loop goes on."""
+        head = view("head")
+        deep = FeatureTap(view("deep")) if head is not None else view("deep")  # the head drafts from deep's states
+        return Pieces(view("shallow"), deep, view("adapter"), view("drafter"), self._vocabs["adapter"],
+                      self._vocabs["drafter"], head, self._vocabs["head"], self.bundle.manifest.model.dims.vocab)
+
+    def _serve(self, request: BatchRequest, row: int) -> None:
+        """A request's whole decoding in cache row `row`, on this thread."""
+        opts, stats = request.opts, request.stats
+        clock = SequenceClock()
+        # auto's memory and the cost models are shared; its estimates are measured in the request's own seconds
+        ctx = dataclasses.replace(self.context, pieces=self._pieces(row, clock), clock=clock,
+                                  shared=lambda: self.engine.live > 1)
+        waited = 0.0
+        self.engine.join()
         try:
-            call(rows)
-        except Exception as exc:  # the pieces' failure is these requests' end, never the scheduler's
-            # whatever broke a step the requests had been admitted to, it is not their fault
-            error = exc if isinstance(exc, RunError) else RunError(f"batched step failed: {exc}")
-            for row in rows:
-                if row.request.finish_reason is None:
-                    row.request.finish_reason = "error"
-                    row.request.end(error=error)
-                    self._release(row)
-            self._rows = [r for r in self._rows if r not in rows]
+            if not request.cancelled:
+                waited = time.perf_counter() - request.submitted
+                loop = decoder(ctx, request.plan, list(request.prompt_ids),
+                               SamplingParams(opts.temperature, opts.top_k, opts.top_p),
+                               np.random.default_rng(opts.seed), stats)
+                try:
+                    for tokens in loop:
+                        if request.emit(tokens) or request.cancelled:
+                            break
+                finally:
+                    loop.close()
+            stats.prefill_s += waited  # a request's time to its first token includes its wait for a row
+            # a loop that ran out filled the context: its length, as a Session says
+            request.end("cancelled" if request.cancelled else "length")
+        except Exception as exc:  # the pieces' failure is this request's end, never the scheduler's
+            error = exc if isinstance(exc, SpecExportError) else RunError(f"batched decoding failed: {exc}")
+            request.finish_reason = "error"
+            request.end(error=error)
+        finally:
+            self.engine.leave()
+            steps = stats.steps - 1  # the prefill's call is one of them
+            if steps > 0:
+                self._tau[opts.mode] = 0.9 * self._tau.get(opts.mode, 1.0) + 0.1 * stats.new_tokens / steps
+            with self._wake:
+                del self._running[row]
+                self._free.append(row)
+                self._wake.notify()
 
-    def _prefill(self, rows: list[Row]) -> None:
-        (row,) = rows
-        t0 = time.perf_counter()
-        first, hidden = prefill(self.pieces, row)
-        if "self" in row.sources:
-            row.adapter = AdapterState(None)  # its bookkeeping only: drafting.py runs the batched adapter
-            row.adapter.start(hidden)
-        request = row.request
-        request.stats.prompt_tokens = len(row.history)
-        request.stats.prefill_s = time.perf_counter() - t0 + (t0 - request.submitted)  # its wait included
-        request.stats.steps += 1
-        row.history.extend(first)
-        self._rows.append(row)
-        if request.emit(first):
-            self._retire(row)
-
-    def _step(self, rows: list[Row]) -> None:
-        t0 = time.perf_counter()
-        room = min(self.bundle.max_context - len(r.history) for r in rows)  # each row's last draft needs a slot
-        offers = [r.offers(room) for r in rows]
-        for row, row_offers, choice in zip(rows, offers, plan(offers, self.cost), strict=True):
-            row.take(row.probed(row_offers, choice))
-        by_drafter = [r for r in rows if r.source == "model"]
-        if by_drafter:
-            draft_with_drafter(self.pieces.drafter, by_drafter)
-        by_adapter = [r for r in rows if r.source == "self"]
-        if by_adapter:
-            draft_with_adapter(self.pieces.shallow, self.pieces.adapter, by_adapter)
-        t1 = time.perf_counter()
-        news, hidden = step(self.pieces, rows)
-        t2 = time.perf_counter()
-        self.counts.record(len(rows))
+    def _observe(self, piece: str, rows: int, seconds: float) -> None:
+        if piece != "deep":
+            return
+        self.counts.record(rows)
+        self._step_s = seconds if not self._step_s else 0.9 * self._step_s + 0.1 * seconds
         if self.on_step is not None:
-            self.on_step(len(rows), t2 - t0)
-        for i, (row, new) in enumerate(zip(rows, news, strict=True)):
-            drafted, accepted = len(row.draft.tokens), len(new) - 1
-            stats = row.request.stats
-            stats.record_step(drafted, accepted, t1 - t0, t2 - t1)
-            if "auto_steps" in stats.extra:
-                stats.extra["auto_steps"][row.source if drafted else "ar"] += 1
-            if drafted:
-                row.observe(drafted, accepted)
-                self._alpha[row.source] = 0.95 * self._alpha[row.source] + 0.05 * row.alpha[row.source]
-            if row.adapter is not None:  # the states of the step's final positions, for the adapter to read
-                row.adapter.advance(hidden[i:i + 1], len(row.history) - 1, len(new))
-            mode = row.request.opts.mode
-            self._tau[mode] = 0.9 * self._tau[mode] + 0.1 * len(new)
-            row.history.extend(new)
-            if row.request.emit(new):
-                self._retire(row)
+            self.on_step(rows, seconds)
 
-    def _finished(self, row: Row) -> bool:
-        if row.request.finish_reason is None and row.request.cancelled:
-            row.request.end("cancelled")
-            self._release(row)
-        return row.request.finish_reason is not None
-
-    def _retire(self, row: Row) -> None:
-        row.request.end()
-        self._release(row)
-
-    def _release(self, row: Row) -> None:
-        with self._wake:
-            self._free.append(row.slot)
-
-    def _service_s(self, request: BatchRequest) -> float:
-        steps = request.budget / self._tau[request.opts.mode]
-        return steps * self.cost.step_s(self.max_batch, 2)
-
-    def _measure_cost(self, given: BatchCost | None) -> BatchCost:
-        """Times batched steps and drafting calls once (what `given` does not say), in row slots nobody holds
-        yet (the rows are rewritten before they are read)."""
+    def _measure_cost(self, shallow: BatchedPiece, deep: BatchedPiece) -> CallCost:
+        """Times batched shallow + deep calls in row slots nobody holds yet (rewritten before they are read)."""
         rows = list(range(self.max_batch))
-        pos = max(0, min(128, self.bundle.max_context - self.max_draft - 2))  # a typical short prompt's end
-        p = self.pieces
-
-        def ids(b: int, n: int = 1) -> np.ndarray:
-            return np.zeros((b, n), dtype=np.int64)
+        pos = max(0, min(128, self.bundle.max_context - LONG_CALL - 1))  # a typical short prompt's end
 
         def timed(b: int, n: int) -> None:
-            hidden = p.shallow.run(ids(b, n), rows[:b], [pos] * b)["hidden"]
-            p.deep.run(hidden, rows[:b], [pos] * b, keep=n)
+            hidden = shallow.run(np.zeros((b, n), dtype=np.int64), rows[:b], [pos] * b)["hidden"]
+            deep.run(hidden, rows[:b], [pos] * b, keep=n)
 
-        drafting_calls = {
-            "model": lambda b: p.drafter.piece.run(ids(b), rows[:b], [pos] * b),
-            "self": lambda b: p.adapter.piece.run(p.shallow.run(ids(b), rows[:b], [pos] * b)["hidden"], rows[:b],
-                                                  [pos] * b),
-        }
-        cost = given or BatchCost.measure(timed, self.max_batch, self.max_draft + 1)
-        missing = {s: DraftCost.measure(drafting_calls[s], self.max_batch) for s in self.sources
-                   if s in drafting_calls and s not in cost.drafting}
-        return dataclasses.replace(cost, drafting={**cost.drafting, **missing}) if missing else cost
+        return CallCost.measure(timed, self.max_batch, LONG_CALL)
 
+    def _service_s(self, request: BatchRequest) -> float:
+        steps = request.budget / self._tau.get(request.opts.mode, 1.0)
+        return steps * (self._step_s or 0.01)
+
+
+@dataclasses.dataclass
+class Pools:
+    """The scheduler's pooled pieces, a cache row per request (rows.py)."""
+
+    shallow: BatchedPiece
+    deep: BatchedPiece
+    adapter: BatchedPiece | None = None
+    drafter: BatchedPiece | None = None
+    head: BatchedPiece | None = None

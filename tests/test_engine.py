@@ -1,0 +1,134 @@
+"""The batched engine's parts that are not the loop: how calls are grouped (cost.py), how a batched call's
+time is charged to its sequences (engine.py), and auto's plain step while sequences share the engine."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from specexport.runtime.batching.cost import CallCost, partition
+from specexport.runtime.batching.engine import Engine, SequenceClock, SequencePiece
+from specexport.runtime.drafters import PLAIN, AutoDrafter, Draft, LookupDrafter
+from specexport.runtime.stats import Stats
+
+
+def _groupings(items: list[int]):
+    """Every way to split `items` into non-empty groups."""
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for grouping in _groupings(rest):
+        yield [[first], *grouping]
+        for i in range(len(grouping)):
+            yield [*grouping[:i], [first, *grouping[i]], *grouping[i + 1:]]
+
+
+def _seconds(groups: list[list[int]], lengths: list[int], cost: CallCost) -> float:
+    return sum(cost.call_s(len(g), max(lengths[i] for i in g)) for g in groups)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(1, 16), min_size=1, max_size=6), st.floats(0.0, 5.0), st.floats(0.0, 1.0),
+       st.floats(0.0, 1.0))
+def test_partition_is_the_cheapest_grouping(lengths, fixed, per_row, per_token):
+    """Against every grouping of up to six calls: each call in exactly one group, and no grouping predicted
+    cheaper."""
+    cost = CallCost(fixed, per_row, per_token)
+    groups = partition(lengths, cost)
+    assert sorted(itertools.chain(*groups)) == list(range(len(lengths)))
+    best = min(_seconds(g, lengths, cost) for g in _groupings(list(range(len(lengths)))))
+    assert _seconds(groups, lengths, cost) <= best + 1e-9
+
+
+def test_partition_follows_what_padding_costs():
+    lengths = [1, 1, 1, 11]
+    # compute-bound rows (int4 on a small CPU): the long draft is verified alone
+    assert sorted(map(sorted, partition(lengths, CallCost(3e-3, 4e-4, 1.6e-3)))) == [[0, 1, 2], [3]]
+    # memory-bound calls (fp32): one call, padded
+    assert partition(lengths, CallCost(20e-3, 1e-4, 1e-4)) == [[0, 1, 2, 3]]
+    assert partition(lengths, None) == [[0, 1, 2, 3]]  # no cost model: one call
+
+
+class RecordingPiece:
+    """A test double for a pooled piece: records each batched call's rows and lengths, sleeps `seconds` per
+    call, and answers each row's tokens back as its `hidden` (so a row's results can be checked as its own)."""
+
+    input_names = frozenset({"input_ids"})
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.calls, self.max_context = seconds, [], 1000
+        self.results = [("hidden", np.dtype(np.int64), ["batch", "seq"])]
+
+    def run(self, x, rows, starts, keep=1, trees=None, extra=None):
+        self.calls.append((list(rows), x.shape[1]))
+        time.sleep(self.seconds)
+        return {"hidden": x.copy()}
+
+
+def test_a_batched_call_is_charged_by_tokens_and_waits_are_not():
+    """Two sequences' calls meet in one batched call: each gets back its own rows, and each sequence's clock
+    advances by its share of the call (by tokens), not by the wall time both waited."""
+    piece = RecordingPiece(0.2)
+    engine = Engine({"shallow": piece})
+    clocks = [SequenceClock(), SequenceClock()]
+    views = [SequencePiece(engine, "shallow", row, clock) for row, clock in enumerate(clocks)]
+    engine.join()
+    engine.join()
+    got, spent = [None, None], [0.0, 0.0]
+
+    def run(i: int, tokens: list[int]) -> None:
+        t0 = clocks[i]()
+        got[i] = views[i].run(np.array([tokens]), 5)["hidden"]
+        spent[i] = clocks[i]() - t0
+        engine.leave()
+
+    threads = [threading.Thread(target=run, args=(0, [7])), threading.Thread(target=run, args=(1, [8, 9, 10]))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert piece.calls == [([0, 1], 3)]  # one call, the short row padded
+    assert got[0].tolist() == [[7]] and got[1].tolist() == [[8, 9, 10]]
+    assert spent[0] == pytest.approx(0.05, abs=0.03) and spent[1] == pytest.approx(0.15, abs=0.03)
+
+
+def test_a_lone_sequence_runs_its_calls_at_once():
+    piece = RecordingPiece(0.0)
+    engine = Engine({"shallow": piece})
+    view = SequencePiece(engine, "shallow", 2, SequenceClock())
+    engine.join()
+    assert view.run(np.array([[4, 5]]), 0)["hidden"].tolist() == [[4, 5]]
+    assert piece.calls == [([2], 2)]
+
+
+class TreeLike:
+    name = "tree"
+
+    def start(self, prompt, hidden) -> None:
+        pass
+
+    def propose(self, history, budget, policy, params, rng) -> Draft:
+        return Draft([1])
+
+    def advance(self, hidden, pos, final) -> None:
+        pass
+
+
+def test_auto_offers_a_plain_step_beside_a_tree_while_the_engine_is_shared():
+    shared = [False]
+    auto = AutoDrafter([TreeLike()], LookupDrafter(100, 256), Stats(), shared=lambda: shared[0])
+    history = list(range(10))
+    picks = set()
+    for _ in range(40):  # every choice is tried while it is new
+        picks.add(auto.pick(history)[0])
+        auto.record(auto.pick(history), 1, 0.01)
+        auto.step += 1
+    assert PLAIN not in picks  # alone, the tree decides plain steps itself
+    shared[0] = True
+    assert PLAIN in {auto.pick(history)[0] for _ in range(3)}
