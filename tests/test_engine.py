@@ -98,6 +98,21 @@ def test_a_batched_call_is_charged_by_tokens_and_waits_are_not():
     assert spent[0] == pytest.approx(0.05, abs=0.03) and spent[1] == pytest.approx(0.15, abs=0.03)
 
 
+def test_a_verification_call_is_charged_by_what_its_rows_cost():
+    """Where the weights' traffic dominates (fp32), rows of a verification call pay alike whatever their drafts;
+    where each token is dear (int4 here), a long draft pays for the padding it causes."""
+    from specexport.runtime.batching.engine import Call
+
+    def shares(cost: CallCost) -> list[float]:
+        engine = Engine({"deep": RecordingPiece(0.0)}, cost)
+        return engine._shares([Call("deep", i, np.zeros((1, n)), 0, 1, None, None) for i, n in enumerate((1, 1, 6))])
+
+    flat = shares(CallCost(20e-3, 1e-4, 1e-5))
+    assert max(flat) - min(flat) < 0.05 and sum(flat) == pytest.approx(1.0)
+    steep = shares(CallCost(1e-3, 0.0, 1e-3))
+    assert steep[2] > 0.7 and steep[0] == pytest.approx(steep[1]) and sum(steep) == pytest.approx(1.0)
+
+
 def test_a_lone_sequence_runs_its_calls_at_once():
     piece = RecordingPiece(0.0)
     engine = Engine({"shallow": piece})

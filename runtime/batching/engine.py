@@ -47,7 +47,7 @@ class Call:
     result: dict[str, np.ndarray] | None = None
     error: BaseException | None = None
     done: bool = False
-    charged_s: float = 0.0  # its share of the batched call's seconds, by its share of the call's tokens
+    charged_s: float = 0.0  # its share of the batched call's seconds (Engine._shares)
 
     @property
     def n(self) -> int:
@@ -71,6 +71,7 @@ class Engine:
         self._live = 0  # sequences in the engine: each either computes on its own thread or has a call waiting
         self._waiting: list[Call] = []
         self._running = False
+        self._idle = 0
 
     @property
     def live(self) -> int:
@@ -131,6 +132,7 @@ class Engine:
         stage = min(STAGES[c.piece] for c in self._waiting)
         now = [c for c in self._waiting if STAGES[c.piece] == stage]
         self._waiting = [c for c in self._waiting if STAGES[c.piece] != stage]
+        self._idle = len(self._waiting)  # sequences that wait, idle, while these calls run
         groups: dict[str, list[Call]] = {}
         alone = []
         for c in now:
@@ -159,11 +161,24 @@ class Engine:
                 for c, result in results:
                     c.result = result
             seconds = time.perf_counter() - t0
-            tokens = sum(c.n for c in group)
-            for c in group:
-                c.charged_s, c.done = seconds * c.n / tokens, True
+            # the time of the sequences left waiting meanwhile is charged too, to the calls that kept them waiting
+            for c, share in zip(group, self._shares(group), strict=True):
+                c.charged_s, c.done = seconds * share * (1 + self._idle), True
             if self.on_call is not None:
                 self.on_call(group[0].piece, len(group), seconds)
+
+    def _shares(self, group: list[Call]) -> list[float]:
+        """Each call's share of a batched call's seconds: of a verification call priced by `cost`, the fixed and
+        per-row terms split evenly and the padded tokens' term by the calls' own tokens (so a long draft pays
+        for the padding it causes, and where rows cost little beside the weights' traffic, as at fp32, they
+        are charged little); of any other call, its share of the tokens."""
+        tokens = sum(c.n for c in group)
+        if self.cost is None or group[0].piece not in VERIFYING:
+            return [c.n / tokens for c in group]
+        k, n = len(group), max(c.n for c in group)
+        even = (self.cost.fixed_s + self.cost.per_row_s * k) / k
+        weights = [even + self.cost.per_token_s * k * n * c.n / tokens for c in group]
+        return [w / sum(weights) for w in weights]
 
     def _fitting(self, group: list[Call]) -> list[list[Call]]:
         """`group` less the calls that padding to its longest would carry past the context, each of which runs
@@ -205,7 +220,7 @@ class Engine:
 
 class SequenceClock:
     """A sequence's own seconds: the wall clock less the time its calls waited for other sequences' and ran for
-    them (a batched call is charged to its sequences by their shares of its tokens). What a sequence's choices
+    them (a batched call is charged to its sequences by `Engine._shares`). What a sequence's choices
     cost the sequences sharing its calls is what auto should weigh, not the wall time of a step they all wait
     for alike."""
 
