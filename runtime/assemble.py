@@ -54,14 +54,15 @@ def decoder(ctx: DecodeContext, plan: Plan, ids: list[int], params: SamplingPara
     stats.mode, stats.lossy = plan.label, plan.lossy
     if plan.mode == "ar":
         return autoregressive(pieces, ids, params, rng, stats)
+    wrap = ctx.drafts or (lambda drafter: drafter)
     if plan.tree is not None:
         grower = HeadTreeDrafter if plan.mode == "head" else TreeDrafter
-        return speculative(pieces, grower(pieces, plan.tree, context), draft_policy(ctx, plan), ids, params, rng,
-                           stats, context, full_trees=ctx.trees_in_full)
+        return speculative(pieces, wrap(grower(pieces, plan.tree, context)), draft_policy(ctx, plan), ids, params,
+                           rng, stats, context, full_trees=ctx.trees_in_full)
     if plan.schedule == "pearl":  # the drafter on a thread of its own beside the target (pearl.py)
         return pearl_loop(pieces, plan.mode, lambda: draft_policy(ctx, plan), ids, params, rng, stats, context)
-    return speculative(pieces, DRAFTERS[plan.mode](ctx, plan, stats), draft_policy(ctx, plan), ids, params, rng,
-                       stats, context, accept=make_verify(plan.verify, plan.beta, plan.tau),
+    return speculative(pieces, wrap(DRAFTERS[plan.mode](ctx, plan, stats)), draft_policy(ctx, plan), ids, params,
+                       rng, stats, context, accept=make_verify(plan.verify, plan.beta, plan.tau),
                        full_trees=ctx.trees_in_full)
 
 

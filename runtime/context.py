@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .decode import Pieces
-from .drafters import AutoMemory
+from .drafters import AutoMemory, Drafter
 from .errors import SpecExportError
 from .manifest import ManifestError, SpeculativeDefaults
 from .policies import CostModel, measure_cost
@@ -33,6 +33,7 @@ class DecodeContext:
     # sequences (runtime/batching), its share of their calls, and `shared` says whether others share them now
     clock: Callable[[], float] = time.perf_counter
     shared: Callable[[], bool] | None = None
+    drafts: Callable[[Drafter], Drafter] | None = None  # wraps the request's drafter (the engine's draft counts)
 
     @classmethod
     def of(cls, pieces: Pieces, root: Path, max_context: int, precision: str,

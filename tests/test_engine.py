@@ -147,3 +147,38 @@ def test_auto_offers_a_plain_step_beside_a_tree_while_the_engine_is_shared():
     assert PLAIN not in picks  # alone, the tree decides plain steps itself
     shared[0] = True
     assert PLAIN in {auto.pick(history)[0] for _ in range(3)}
+
+
+class Copier:
+    """A drafter that, as prompt lookup, offers ten tokens whatever the budget."""
+
+    name = "copy"
+
+    def start(self, prompt, hidden) -> None:
+        pass
+
+    def propose(self, history, budget, policy, params, rng) -> Draft:
+        return Draft(list(range(10))) if budget else Draft([])
+
+    def advance(self, hidden, pos, final) -> None:
+        pass
+
+
+def test_shared_draft_counts_follow_the_load_and_the_acceptance():
+    """Alone, a request drafts as its drafter says; sharing calls where each verified token is dear (int4 on a
+    small CPU), it drafts nothing while its drafts are seldom accepted (probing one now and then), and more as
+    they are accepted."""
+    from specexport.runtime.batching.drafts import SharedDrafts
+    from specexport.runtime.sampling import SamplingParams
+
+    rows = [1]
+    drafts = SharedDrafts(Copier(), CallCost(3e-3, 4e-4, 1.6e-3), lambda: rows[0], lambda: 0.0, prior=0.3)
+    greedy = SamplingParams()
+    assert len(drafts.propose([1, 2], 3, None, greedy, None).tokens) == 10  # alone: untouched
+    rows[0] = 4
+    counts = [len(drafts.propose([1, 2], 3, None, greedy, None).tokens) for _ in range(9)]
+    assert counts[:8] == [0] * 8 and counts[8] == 1  # plain steps, then a probe of one token
+    for _ in range(40):  # every probe accepted: alpha climbs, and so does the count
+        drafts.propose([1, 2], 3, None, greedy, None)
+        drafts.advance(None, 0, drafts.drafted + 1)
+    assert len(drafts.propose([1, 2], 3, None, greedy, None).tokens) == 3  # up to the budget, cut from ten

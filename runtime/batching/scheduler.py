@@ -43,6 +43,7 @@ from ..sampling import SamplingParams
 from ..text import TextCodec, check_prompt_fits
 from ..tree import trees_in_full
 from .cost import CallCost
+from .drafts import SharedDrafts
 from .engine import LONG_CALL, Engine, SequenceClock, SequencePiece
 from .order import AdmissionQueue
 from .request import BatchRequest
@@ -224,7 +225,8 @@ class BatchScheduler:
         clock = SequenceClock()
         # auto's memory and the cost models are shared; its estimates are measured in the request's own seconds
         ctx = dataclasses.replace(self.context, pieces=self._pieces(row, clock), clock=clock,
-                                  shared=lambda: self.engine.live > 1)
+                                  shared=lambda: self.engine.live > 1,
+                                  drafts=lambda d: SharedDrafts(d, self.cost, lambda: self.engine.live, clock))
         waited = 0.0
         self.engine.join()
         try:

@@ -1,0 +1,84 @@
+"""How many drafts a request verifies while other requests share the engine's calls (SmartSpec's goodput, per
+request).
+
+Alone, a request drafts as its mode and policy say. Sharing, a verified draft costs what it costs in a batched
+call, where the fixed and per-row terms are split among the rows and each token is the request's own
+(cost.py), and a drafting call keeps the other requests waiting; so before each step the request takes the
+draft count k in 0..its budget with the most expected tokens per second of its own:
+
+    E(alpha, k) / ((fixed + per_row * b) / b + per_token * (1 + k) + k * d)
+
+for b requests sharing, alpha its running per-draft acceptance, and d its drafting seconds per draft token
+as its own clock measures them (the others' waiting included). k = 0 is a plain step; after `probe_every` of
+them in a row one step drafts a single token, or alpha would never be judged again. A token tree is verified
+whole or not at all (its shape sizes it); a chain of prompt lookup's, which takes no budget of its own, is cut
+to k.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ..drafters import Draft, Drafter
+from ..policies import DraftPolicy, expected_tokens
+from ..sampling import SamplingParams
+from ..tree import tree_depth
+from .cost import CallCost
+
+
+class SharedDrafts:
+    """`drafter` with its draft count chosen for the load (module docstring); the drafter itself while the
+    request is alone in the engine."""
+
+    def __init__(self, drafter: Drafter, cost: CallCost, sharing: Callable[[], int], clock: Callable[[], float],
+                 prior: float = 0.5, weight: float = 0.05, probe_every: int = 8) -> None:
+        self.drafter, self.cost, self.sharing, self.clock = drafter, cost, sharing, clock
+        self.name = drafter.name
+        self.alpha, self.weight, self.probe_every = prior, weight, probe_every
+        self.draft_s = 0.0  # seconds per draft token, a running average
+        self.idle = 0
+        self.drafted = 0
+
+    def start(self, prompt: list[int], hidden: np.ndarray) -> None:
+        self.drafter.start(prompt, hidden)
+
+    def best(self, budget: int, rows: int) -> int:
+        c = self.cost
+        base = (c.fixed_s + c.per_row_s * rows) / rows
+        a = min(self.alpha, 0.999)
+        return max(range(budget + 1),
+                   key=lambda k: expected_tokens(a, k) / (base + c.per_token_s * (1 + k) + k * self.draft_s))
+
+    def propose(self, history: list[int], budget: int, policy: DraftPolicy, params: SamplingParams,
+                rng: np.random.Generator) -> Draft:
+        rows = self.sharing()
+        if rows > 1:
+            k = self.best(budget, rows)
+            self.idle = self.idle + 1 if k == 0 else 0
+            if k == 0 and self.idle <= self.probe_every:
+                self.drafted = 0
+                return Draft([])
+            budget = max(k, 1)
+        t0 = self.clock()
+        draft = self.drafter.propose(history, budget, policy, params, rng)
+        if draft.parents is None and len(draft.tokens) > budget and rows > 1:
+            cut = draft.hidden[:, :budget + 1] if draft.hidden is not None else None
+            draft = Draft(draft.tokens[:budget], draft.qs[:budget] if draft.qs else draft.qs, cut, draft.catchup_s)
+        if draft.tokens:
+            seconds = max(0.0, self.clock() - t0 - draft.catchup_s) / len(draft.tokens)
+            self.draft_s += self.weight * (seconds - self.draft_s)
+        # a tree's best branch is judged in order too, as a chain as deep as the tree
+        self.drafted = len(draft.tokens) if draft.parents is None else tree_depth(draft.parents) if draft.tokens else 0
+        return draft
+
+    def advance(self, hidden: np.ndarray, pos: int, final: int) -> None:
+        if self.drafted:  # judged in order: `final - 1` accepted, then one rejected if any
+            accepted = final - 1
+            for _ in range(accepted):
+                self.alpha += self.weight * (1.0 - self.alpha)
+            if accepted < self.drafted:
+                self.alpha -= self.weight * self.alpha
+        self.drafted = 0
+        self.drafter.advance(hidden, pos, final)
