@@ -95,7 +95,8 @@ def _auto(ctx: DecodeContext, plan: Plan, stats: Stats) -> AutoDrafter:
         names = set(offered.split(","))
         drafters = [d for d in drafters if d.name in names] or drafters
     memory = ctx.auto_memory.setdefault(tuple(d.name for d in drafters), AutoMemory({}))
-    return AutoDrafter(drafters, _lookup(ctx, lookup_most), stats, memory=memory, clock=ctx.clock, shared=ctx.shared)
+    return AutoDrafter(drafters, _lookup(ctx, lookup_most), stats, memory=memory, clock=ctx.clock,
+                       sharing=ctx.sharing)
 
 
 # mode -> its drafter, made per request from (ctx, plan, stats); with "ar", the modes of runtime/choices.py

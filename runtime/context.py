@@ -30,9 +30,9 @@ class DecodeContext:
     costs: dict[tuple[str, int], CostModel] = field(default_factory=dict)  # measured when first asked for
     auto_memory: dict[tuple[str, ...], AutoMemory] = field(default_factory=dict)  # per set of auto's choices
     # the request's own seconds, which auto's estimates are measured in; where the pieces are shared with other
-    # sequences (runtime/batching), its share of their calls, and `shared` says whether others share them now
+    # sequences (runtime/batching), its share of their calls, and `sharing` how many sequences share them now
     clock: Callable[[], float] = time.perf_counter
-    shared: Callable[[], bool] | None = None
+    sharing: Callable[[], int] | None = None
     drafts: Callable[[Drafter], Drafter] | None = None  # wraps the request's drafter (the engine's draft counts)
 
     @classmethod

@@ -334,11 +334,11 @@ class Estimate:
     tokens: float = 0.0
     seconds: float = 0.0
     steps: int = 0
-    last_step: int = -1
+    last_step: float = -1
     weight: float = 0.25  # how fast old steps are forgotten
     revisit: int = 16  # steps unused before it is tried again; doubles each time a retry loses
 
-    def update(self, tokens: int, seconds: float, step: int) -> None:
+    def update(self, tokens: int, seconds: float, step: float) -> None:
         w = 1.0 if self.steps == 0 else self.weight
         self.tokens += w * (tokens - self.tokens)
         self.seconds += w * (seconds - self.seconds)
@@ -362,7 +362,7 @@ class AutoMemory:
     from the choices that led before instead of trying every one again, and keeps adapting as it goes."""
 
     estimates: dict[tuple[str, int], Estimate]
-    step: int = 0
+    step: float = 0
 
 
 class AutoDrafter:
@@ -392,7 +392,7 @@ class AutoDrafter:
 
     def __init__(self, drafters: list[Drafter], lookup: LookupDrafter, stats: Stats, lookup_min_ngram: int = 2,
                  revisit: int = 16, max_revisit: int = 128, memory: AutoMemory | None = None,
-                 clock: Callable[[], float] = time.perf_counter, shared: Callable[[], bool] | None = None) -> None:
+                 clock: Callable[[], float] = time.perf_counter, sharing: Callable[[], int] | None = None) -> None:
         self.drafters = {d.name: d for d in [*drafters, lookup]}
         self.lookup, self.lookup_min_ngram = lookup, lookup_min_ngram
         self.revisit, self.max_revisit = revisit, max_revisit
@@ -401,11 +401,13 @@ class AutoDrafter:
         tree = any("tree" in n for n in self.drafters)
         self.always = [d.name for d in drafters] + ([] if tree else [PLAIN])
         # ... from the drafter's probabilities alone, which do not see other sequences sharing the calls: while
-        # they do (`shared`), a verified row costs more than alone, and a plain step is a choice again
-        self.shared = shared if tree else None
+        # they do (`sharing`: how many sequences share them), a verified row costs more than alone, and a plain
+        # step is a choice again
+        self.sharing = sharing
+        self.plain_when_shared = tree and sharing is not None
         self.clock = clock  # a sequence's own seconds: with others sharing its calls, its share of them
         self.memory = memory if memory is not None else AutoMemory({})
-        plain = [PLAIN] if self.shared is not None else []
+        plain = [PLAIN] if self.plain_when_shared else []
         self.steps = stats.extra.setdefault("auto_steps", dict.fromkeys([*self.drafters, *self.always, *plain], 0))
         self.choice: tuple[str, int] | None = None  # None: the loop skipped propose (no budget this step)
         self.retry = False
@@ -415,11 +417,11 @@ class AutoDrafter:
             d.start(prompt, hidden)
 
     @property
-    def step(self) -> int:
+    def step(self) -> float:
         return self.memory.step
 
     @step.setter
-    def step(self, value: int) -> None:
+    def step(self, value: float) -> None:
         self.memory.step = value
 
     def estimate(self, choice: str, context: int) -> Estimate:
@@ -438,7 +440,7 @@ class AutoDrafter:
 
     def pick(self, history: list[int]) -> tuple[str, int]:
         context = self.context(history)
-        plain = [PLAIN] if self.shared is not None and self.shared() else []
+        plain = [PLAIN] if self.plain_when_shared and self.sharing() > 1 else []
         names = [*self.always, *plain, *([self.lookup.name] if context != NO_MATCH else [])]
         ests = {n: self.estimate(n, context) for n in names}
         stale = [n for n in names if ests[n].steps == 0 or self.step - ests[n].last_step > ests[n].revisit]
@@ -475,6 +477,7 @@ class AutoDrafter:
             seconds = self.draft_s + self.clock() - self.proposed_at  # drafting + verification
             self.record(self.choice, final, seconds, self.retry)
             self.choice = None
-        self.step += 1
+        # the revisit intervals count rounds: sequences sharing one memory each add their share of a step
+        self.step += 1 if self.sharing is None else 1 / max(1, self.sharing())
         for d in self.drafters.values():
             d.advance(hidden, pos, final)

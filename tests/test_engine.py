@@ -136,8 +136,8 @@ class TreeLike:
 
 
 def test_auto_offers_a_plain_step_beside_a_tree_while_the_engine_is_shared():
-    shared = [False]
-    auto = AutoDrafter([TreeLike()], LookupDrafter(100, 256), Stats(), shared=lambda: shared[0])
+    sharing = [1]
+    auto = AutoDrafter([TreeLike()], LookupDrafter(100, 256), Stats(), sharing=lambda: sharing[0])
     history = list(range(10))
     picks = set()
     for _ in range(40):  # every choice is tried while it is new
@@ -145,8 +145,11 @@ def test_auto_offers_a_plain_step_beside_a_tree_while_the_engine_is_shared():
         auto.record(auto.pick(history), 1, 0.01)
         auto.step += 1
     assert PLAIN not in picks  # alone, the tree decides plain steps itself
-    shared[0] = True
+    sharing[0] = 4
     assert PLAIN in {auto.pick(history)[0] for _ in range(3)}
+    before = auto.step
+    auto.advance(None, 0, 1)
+    assert auto.step - before == pytest.approx(0.25)  # four sequences share the memory: a round is one step
 
 
 class Copier:

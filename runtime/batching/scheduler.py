@@ -225,7 +225,7 @@ class BatchScheduler:
         clock = SequenceClock()
         # auto's memory and the cost models are shared; its estimates are measured in the request's own seconds
         ctx = dataclasses.replace(self.context, pieces=self._pieces(row, clock), clock=clock,
-                                  shared=lambda: self.engine.live > 1,
+                                  sharing=lambda: self.engine.live,
                                   drafts=lambda d: SharedDrafts(d, self.cost, lambda: self.engine.live, clock))
         waited = 0.0
         self.engine.join()
