@@ -96,6 +96,16 @@ def attention_bias(start: int, n: int, width: int, dtype: str, tree: TreeMask | 
     return bias
 
 
+def slot_moves(src: list[int], dst: list[int]) -> tuple[np.ndarray, np.ndarray] | None:
+    """The cache slots a branch's layout moves, as index arrays (source, destination), leaving out slots that
+    are their own destination; None when nothing moves."""
+    pairs = [(s, d) for s, d in zip(src, dst, strict=True) if s != d]
+    if not pairs:
+        return None
+    src_idx, dst_idx = (np.array(p, dtype=np.int64) for p in zip(*pairs, strict=True))
+    return src_idx, dst_idx
+
+
 def control_feeds(names: set[str], start: int, n: int, keep: int, tree: TreeMask | None = None,
                   bias: tuple[int, str] | None = None) -> dict[str, np.ndarray]:
     """The small per-call inputs every flavour takes; each piece declares which ones it reads. `bias` is

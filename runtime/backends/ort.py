@@ -13,7 +13,7 @@ from .. import attention_op
 from ..errors import RunError, SpecExportError
 from ..manifest import Piece as PieceSpec
 from .buckets import CacheBuckets, dynamic_cache_len, relayout_host, relayout_in_place, view
-from .common import DeviceStates, TreeMask, bias_input, bias_spec, check_io, control_feeds
+from .common import DeviceStates, TreeMask, bias_input, bias_spec, check_io, control_feeds, slot_moves
 from .ort_device import StateStore, bind_states, device_biases
 
 _AXES = ("batch", "seq", "kept")  # the named axes of a piece's results that a call fixes
@@ -267,10 +267,10 @@ class OrtPiece:
         call's present in swap mode; a slot that is its own destination is left alone."""
         if self.device is not None:
             raise SpecExportError(f"piece {self.name!r} keeps its caches on {self.device}, where slots are not moved")
-        pairs = [(s, d) for s, d in zip(src, dst, strict=True) if s != d]
-        if not pairs:
+        moves = slot_moves(src, dst)
+        if moves is None:
             return
-        src_idx, dst_idx = (np.array(p, dtype=np.int64) for p in zip(*pairs, strict=True))
+        src_idx, dst_idx = moves
         for arrays, shape in zip(self._arrays, self._shapes, strict=True):
             cache = view(arrays[0], shape, self._buckets.size) if self._buckets is not None else arrays[0]
             cache[:, :, dst_idx] = cache[:, :, src_idx]  # the right side is a copy: overlapping slots are safe

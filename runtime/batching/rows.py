@@ -33,7 +33,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ..backends.buckets import bucket
-from ..backends.common import TreeMask
+from ..backends.common import TreeMask, attention_bias, slot_moves
 from ..backends.ort import check_session_io, session_options, unloadable
 from ..bundle import Bundle
 from ..errors import RunError, SpecExportError
@@ -118,10 +118,10 @@ class BatchedPiece:
         bias_width = width if self.bias_whole_cache or not self.in_place else end
         bias = np.zeros((k, 1, n, bias_width), dtype=self.bias_dtype)
         for i, tree in enumerate(trees or ()):
-            if tree is not None:
+            if tree is not None:  # the row's own tree, as one sequence's call takes it (backends/common.py)
                 m = len(tree.depth)
                 positions[i, :m] = tree.base + tree.depth
-                bias[i, 0, :m, tree.base:starts[i] + m][~tree.visible] = np.finfo(self.bias_dtype).min
+                bias[i, :, :m] = attention_bias(starts[i], m, bias_width, self.bias_dtype, tree)[0]
         b = self.binding  # a name bound again replaces its binding: the caches stay bound while their rows do
         b.bind_cpu_input(self.primary, np.ascontiguousarray(x))
         for name, value in (extra or {}).items():
@@ -156,10 +156,10 @@ class BatchedPiece:
     def move_slots(self, row: int, src: list[int], dst: list[int]) -> None:
         """Copies cache row `row`'s entries at slots `src` to slots `dst` (a token tree's accepted branch laid
         out as its chain; OrtPiece.move_slots for one sequence)."""
-        pairs = [(s, d) for s, d in zip(src, dst, strict=True) if s != d]
-        if not pairs:
+        moves = slot_moves(src, dst)
+        if moves is None:
             return
-        src_idx, dst_idx = (np.array(p, dtype=np.int64) for p in zip(*pairs, strict=True))
+        src_idx, dst_idx = moves
         for pool in self.caches.values():
             pool[row, :, dst_idx] = pool[row, :, src_idx]  # the right side is a copy: overlapping slots are safe
 
