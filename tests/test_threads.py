@@ -70,3 +70,15 @@ def test_a_piece_that_fails_mid_generation_is_named_and_the_session_goes_on(tiny
     with pytest.raises(SpecExportError, match=r"piece 'deep' failed at positions \d+\.\.\d+ .*simulated"):
         session.generate("the sea", max_new_tokens=12, mode="self")
     assert session.generate("the sea", max_new_tokens=12, mode="self").tokens == expected
+
+
+def test_a_pieces_pool_spins_within_its_runs_only(tiny_bundles):
+    """`load`'s pieces each have a pool of their own: its threads spin between a run's operators (sleeping there
+    made an int4 token much slower, tools/experiments/thread_pools.py) and stop at the run's end, so idle pools
+    take no cores from the piece that runs."""
+    session = load(tiny_bundles(adapter="untrained"), threads=2)
+    for name in ("shallow", "deep"):
+        opts = getattr(session.pieces, name).session.get_session_options()
+        assert opts.intra_op_num_threads == 2 and opts.use_per_session_threads
+        assert opts.get_session_config_entry("session.intra_op.allow_spinning") == "1"
+        assert opts.get_session_config_entry("session.force_spinning_stop") == "1"

@@ -24,8 +24,9 @@ def use_shared_thread_pool(threads: int | None = None) -> None:
     """Run every piece opened from now on in one process-wide intra-op pool of `threads` threads.
 
     The pieces run one after another, never together, so one pool serves them all: its threads stay
-    warm from one piece's call to the next, where a pool per session must wake sleeping threads on
-    every call (it matters at int4; fp32 is memory-bound and does not notice). ONNX Runtime then requires
+    warm from one piece's call to the next, where a pool per session stops spinning when its run ends and
+    wakes its threads on the next (a few percent of an int4 token for `auto`'s many small calls). ONNX
+    Runtime then requires
     *every* session of the process to use that pool, including ones opened outside specexport, so this is
     for processes that own ONNX Runtime (the `specexport` commands call it); call it before opening any
     session."""
@@ -49,8 +50,11 @@ def session_options(threads: int | None = None, attention: str = "gqa", matmul: 
         return opts
     opts.intra_op_num_threads = threads or os.cpu_count() or 1
     opts.inter_op_num_threads = 1
-    # pools of their own that spin would steal the cores from the piece that is running
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # A pool's threads spin between the operators of a run (waking sleeping threads for each operator made an
+    # int4 token much slower) and stop when the run ends, so the idle pools of the other pieces take no cores
+    # from the one that runs (tools/experiments/thread_pools.py).
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    opts.add_session_config_entry("session.force_spinning_stop", "1")
     return opts
 
 
