@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--genai-python", default=None, help="the interpreter with onnxruntime-genai (default: as"
                     " `specexport bench` finds it)")
     ap.add_argument("--genai-spinning", action="store_true", help="let GenAI's idle intra-op threads spin (its own"
-                    " default; off unless given, as in specexport's sessions)")
+                    " default; off unless given: specexport's pools stop spinning when a run ends)")
     ap.add_argument("--out", default="reports/load.json")
     args = ap.parse_args(argv)
     levels = [int(c) for c in args.clients.split(",")]
@@ -369,8 +369,9 @@ def start_genai(session: Session, max_batch: int, threads: int, python: str | No
                 spinning: bool = False) -> tuple[OrtGenAISystem, StaticBatcher]:
     """ONNX Runtime GenAI's export of the bundle's source checkpoint at the bundle's precision, its worker
     started (with an Engine of `max_batch` rows) and warmed up, and a StaticBatcher over its Engine. Its idle
-    threads spin only if `spinning`: on a shared machine spinning threads take the cores from the running ones
-    (which is why specexport's sessions never spin), and the comparison is of the code, not of that setting."""
+    threads spin only if `spinning`: on a shared machine idle spinning threads take the cores from the running
+    ones (which is why specexport's pools stop spinning when a run ends), and the comparison is of the code, not
+    of that setting."""
     from ..exporter.model_source import find_checkpoint
 
     manifest = session.bundle.manifest
