@@ -352,6 +352,7 @@ class Estimate:
 
 PLAIN = "ar"  # the choice of drafting nothing: a plain target step
 COPY_RUN = 8  # tokens of agreement with an earlier occurrence from which auto treats a match as a copy
+Context = int | tuple[int, int]  # a copy's length, and with sharers the load's bucket too (AutoDrafter.pick)
 NO_MATCH = 0  # the context of a step where prompt lookup has nothing to propose
 
 
@@ -361,7 +362,7 @@ class AutoMemory:
     (choice, context) and the step count their revisit intervals are measured in. A new request starts
     from the choices that led before instead of trying every one again, and keeps adapting as it goes."""
 
-    estimates: dict[tuple[str, int], Estimate]
+    estimates: dict[tuple[str, Context], Estimate]
     step: float = 0
 
 
@@ -409,7 +410,7 @@ class AutoDrafter:
         self.memory = memory if memory is not None else AutoMemory({})
         plain = [PLAIN] if self.plain_when_shared else []
         self.steps = stats.extra.setdefault("auto_steps", dict.fromkeys([*self.drafters, *self.always, *plain], 0))
-        self.choice: tuple[str, int] | None = None  # None: the loop skipped propose (no budget this step)
+        self.choice: tuple[str, Context] | None = None  # None: the loop skipped propose (no budget this step)
         self.retry = False
 
     def start(self, prompt: list[int], hidden: np.ndarray) -> None:
@@ -424,7 +425,7 @@ class AutoDrafter:
     def step(self, value: float) -> None:
         self.memory.step = value
 
-    def estimate(self, choice: str, context: int) -> Estimate:
+    def estimate(self, choice: str, context: Context) -> Estimate:
         key = (choice, context)
         if key not in self.memory.estimates:
             self.memory.estimates[key] = Estimate(revisit=self.revisit)
@@ -438,10 +439,15 @@ class AutoDrafter:
         run = self.lookup.agreement(history, end, COPY_RUN)
         return max(k for k in self.contexts if k <= run)
 
-    def pick(self, history: list[int]) -> tuple[str, int]:
-        context = self.context(history)
-        plain = [PLAIN] if self.plain_when_shared and self.sharing() > 1 else []
-        names = [*self.always, *plain, *([self.lookup.name] if context != NO_MATCH else [])]
+    def pick(self, history: list[int]) -> tuple[str, Context]:
+        copy = self.context(history)
+        sharers = self.sharing() if self.sharing is not None else 1
+        # with others sharing the calls a verified token costs what it costs in their batched calls, so the
+        # estimates are kept per load too (1, 2, 3-4, 5-8 ... sequences): the same choice measured alone would
+        # lead under load, where it does not pay
+        context = copy if self.sharing is None else (copy, (sharers - 1).bit_length())
+        plain = [PLAIN] if self.plain_when_shared and sharers > 1 else []
+        names = [*self.always, *plain, *([self.lookup.name] if copy != NO_MATCH else [])]
         ests = {n: self.estimate(n, context) for n in names}
         stale = [n for n in names if ests[n].steps == 0 or self.step - ests[n].last_step > ests[n].revisit]
         self.retry = bool(stale)
@@ -449,7 +455,7 @@ class AutoDrafter:
             return min(stale, key=lambda n: (ests[n].steps > 0, ests[n].last_step)), context
         return max(names, key=lambda n: ests[n].rate), context
 
-    def record(self, choice: tuple[str, int], tokens: int, seconds: float, retry: bool = False) -> None:
+    def record(self, choice: tuple[str, Context], tokens: int, seconds: float, retry: bool = False) -> None:
         """One step of `choice`, a (choice, context) pair (`retry`: picked because it was stale, not because
         it led): update its running averages and its revisit interval."""
         name, context = choice

@@ -100,7 +100,8 @@ def test_a_batched_call_is_charged_by_tokens_and_waits_are_not():
 
 def test_a_verification_call_is_charged_by_what_its_rows_cost():
     """Where the weights' traffic dominates (fp32), rows of a verification call pay alike whatever their drafts;
-    where each token is dear (int4 here), a long draft pays for the padding it causes."""
+    where each token is dear (int4 here), a long draft pays for the padding it causes (each padded position
+    split among the rows that reach it)."""
     from specexport.runtime.batching.engine import Call
 
     def shares(cost: CallCost) -> list[float]:
@@ -111,6 +112,9 @@ def test_a_verification_call_is_charged_by_what_its_rows_cost():
     assert max(flat) - min(flat) < 0.05 and sum(flat) == pytest.approx(1.0)
     steep = shares(CallCost(1e-3, 0.0, 1e-3))
     assert steep[2] > 0.7 and steep[0] == pytest.approx(steep[1]) and sum(steep) == pytest.approx(1.0)
+    # the one-token rows pay for one position each, not for the padding the six-token draft causes: of the call's
+    # 1 + 3 * 6 ms, each pays a third of the fixed ms and its one token
+    assert steep[0] == pytest.approx((1 / 3 + 1) / 19)
 
 
 def test_a_lone_sequence_runs_its_calls_at_once():
@@ -145,8 +149,15 @@ def test_auto_offers_a_plain_step_beside_a_tree_while_the_engine_is_shared():
         auto.record(auto.pick(history), 1, 0.01)
         auto.step += 1
     assert PLAIN not in picks  # alone, the tree decides plain steps itself
+    alone = auto.pick(history)[1]
     sharing[0] = 4
-    assert PLAIN in {auto.pick(history)[0] for _ in range(3)}
+    shared = set()
+    for _ in range(3):
+        choice = auto.pick(history)
+        assert choice[1] != alone  # estimates are kept per load: what led alone is measured again under it
+        shared.add(choice[0])
+        auto.record(choice, 1, 0.01)
+    assert PLAIN in shared
     before = auto.step
     auto.advance(None, 0, 1)
     assert auto.step - before == pytest.approx(0.25)  # four sequences share the memory: a round is one step
@@ -168,14 +179,14 @@ class Copier:
 
 
 def test_shared_draft_counts_follow_the_load_and_the_acceptance():
-    """Alone, a request drafts as its drafter says; sharing calls where each verified token is dear (int4 on a
-    small CPU), it drafts nothing while its drafts are seldom accepted (probing one now and then), and more as
-    they are accepted."""
+    """Alone, a request drafts as its drafter says; sharing calls where a padded position costs four tokens, it
+    drafts nothing while its drafts are seldom accepted (probing one now and then), and more as they are
+    accepted; where each verified token is as dear as at int4 on a small CPU, not even then."""
     from specexport.runtime.batching.drafts import SharedDrafts
     from specexport.runtime.sampling import SamplingParams
 
     rows = [1]
-    drafts = SharedDrafts(Copier(), CallCost(3e-3, 4e-4, 1.6e-3), lambda: rows[0], lambda: 0.0, prior=0.3)
+    drafts = SharedDrafts(Copier(), CallCost(20e-3, 0.0, 5e-4), lambda: rows[0], lambda: 0.0, prior=0.3)
     greedy = SamplingParams()
     assert len(drafts.propose([1, 2], 3, None, greedy, None).tokens) == 10  # alone: untouched
     rows[0] = 4
@@ -185,3 +196,8 @@ def test_shared_draft_counts_follow_the_load_and_the_acceptance():
         drafts.propose([1, 2], 3, None, greedy, None)
         drafts.advance(None, 0, drafts.drafted + 1)
     assert len(drafts.propose([1, 2], 3, None, greedy, None).tokens) == 3  # up to the budget, cut from ten
+    drafts.cost = CallCost(3e-3, 4e-4, 1.6e-3)  # int4's: padding three rows for a draft costs more than it earns,
+    drafts.alpha = 0.6  # and so does a call of its own, unless nearly every draft is accepted
+    assert drafts.best(3, 4) == 0
+    drafts.alpha = 0.999
+    assert drafts.best(3, 4) == 3

@@ -2,15 +2,18 @@
 request).
 
 Alone, a request drafts as its mode and policy say. Sharing, a verified draft costs what it costs in a batched
-call, where the fixed and per-row terms are split among the rows and each token is the request's own
-(cost.py), and a drafting call keeps the other requests waiting; so before each step the request takes the
-draft count k in 0..its budget with the most expected tokens per second of its own:
+call (cost.py): the fixed and per-row terms are split among the rows, and a row longer than the others pads
+every row of the call to its length, so each of its positions past the others' one costs b tokens (what
+Engine._shares charges it), unless the engine verifies it in a call of its own, paying that call's fixed term.
+A drafting call keeps the other requests waiting too. So before each step the request takes the draft count k
+in 0..its budget with the most expected tokens per second of its own:
 
-    E(alpha, k) / ((fixed + per_row * b) / b + per_token * (1 + k) + k * d)
+    E(alpha, k) / (min(even + per_token * (1 + b * k), fixed + per_row + per_token * (1 + k)) + k * d)
 
-for b requests sharing, alpha its running per-draft acceptance, and d its drafting seconds per draft token
-as its own clock measures them (the others' waiting included). k = 0 is a plain step; after `probe_every` of
-them in a row one step drafts a single token, or alpha would never be judged again. A token tree is verified
+for b requests sharing, even = (fixed + per_row * b) / b, alpha its running per-draft acceptance, and d its
+drafting seconds per draft token as its own clock measures them (the others' waiting included); a plain step
+(k = 0) costs even + per_token. After `probe_every` plain steps in a row one step drafts a single token, or
+alpha would never be judged again. A token tree is verified
 whole or not at all (its shape sizes it); a chain of prompt lookup's, which takes no budget of its own, is cut
 to k.
 """
@@ -46,10 +49,17 @@ class SharedDrafts:
 
     def best(self, budget: int, rows: int) -> int:
         c = self.cost
-        base = (c.fixed_s + c.per_row_s * rows) / rows
+        even = (c.fixed_s + c.per_row_s * rows) / rows
         a = min(self.alpha, 0.999)
-        return max(range(budget + 1),
-                   key=lambda k: expected_tokens(a, k) / (base + c.per_token_s * (1 + k) + k * self.draft_s))
+
+        def seconds(k: int) -> float:
+            if k == 0:
+                return even + c.per_token_s
+            padded = even + c.per_token_s * (1 + rows * k)
+            apart = c.fixed_s + c.per_row_s + c.per_token_s * (1 + k)
+            return min(padded, apart) + k * self.draft_s
+
+        return max(range(budget + 1), key=lambda k: expected_tokens(a, k) / seconds(k))
 
     def propose(self, history: list[int], budget: int, policy: DraftPolicy, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
