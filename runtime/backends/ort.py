@@ -25,11 +25,10 @@ def use_shared_thread_pool(threads: int | None = None) -> None:
 
     The pieces run one after another, never together, so one pool serves them all: its threads stay
     warm from one piece's call to the next, where a pool per session stops spinning when its run ends and
-    wakes its threads on the next (a few percent of an int4 token for `auto`'s many small calls). ONNX
-    Runtime then requires
-    *every* session of the process to use that pool, including ones opened outside specexport, so this is
-    for processes that own ONNX Runtime (the `specexport` commands call it); call it before opening any
-    session."""
+    wakes its threads on the next (a few percent of an int4 token for `auto`'s many small calls). ONNX Runtime
+    then requires *every* session of the process to use that pool, including ones opened outside specexport,
+    so this is for processes that own ONNX Runtime (the `specexport` commands call it); call it before opening
+    any session."""
     global _shared_pool_threads
     threads = threads or os.cpu_count() or 1
     if _shared_pool_threads is None:

@@ -13,9 +13,8 @@ in 0..its budget with the most expected tokens per second of its own:
 for b requests sharing, even = (fixed + per_row * b) / b, alpha its running per-draft acceptance, and d its
 drafting seconds per draft token as its own clock measures them (the others' waiting included); a plain step
 (k = 0) costs even + per_token. After `probe_every` plain steps in a row one step drafts a single token, or
-alpha would never be judged again. A token tree is verified
-whole or not at all (its shape sizes it); a chain of prompt lookup's, which takes no budget of its own, is cut
-to k.
+alpha would never be judged again. A token tree is verified whole or not at all (its shape sizes it); a chain of
+prompt lookup's, which takes no budget of its own, is cut to k.
 """
 
 from __future__ import annotations
