@@ -42,6 +42,19 @@ class CallCost:
     def call_s(self, rows: int, n: int) -> float:
         return self.fixed_s + self.per_row_s * rows + self.per_token_s * rows * n
 
+    def charges(self, lengths: list[int]) -> list[float]:
+        """Each row's share of one batched call of rows of `lengths` tokens, padded to the longest (they sum to
+        `call_s`): the fixed and per-row terms split evenly, each padded position's term among the rows that
+        reach it (the airport game's Shapley split), so a one-token row beside a long draft pays for one
+        position and the draft for the padding it causes."""
+        k = len(lengths)
+        even = (self.fixed_s + self.per_row_s * k) / k
+        reach, position, acc = {}, 0, 0.0  # reach[m]: what a row of m tokens pays for its positions
+        for i, m in enumerate(sorted(lengths)):
+            acc += self.per_token_s * k / (k - i) * (m - position)  # k - i rows reach these positions
+            position, reach[m] = m, acc
+        return [even + reach[m] for m in lengths]
+
     @classmethod
     def measure(cls, call: Callable[[int, int], object], max_rows: int, max_n: int, repeats: int = 3) -> CallCost:
         """Times `call(rows, n)` over a small grid and fits the three terms."""

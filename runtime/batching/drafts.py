@@ -2,9 +2,9 @@
 request).
 
 Alone, a request drafts as its mode and policy say. Sharing, a verified draft costs what it costs in a batched
-call (cost.py): the fixed and per-row terms are split among the rows, and a row longer than the others pads
-every row of the call to its length, so each of its positions past the others' one costs b tokens (what
-Engine._shares charges it), unless the engine verifies it in a call of its own, paying that call's fixed term.
+call (`CallCost.charges`): the fixed and per-row terms are split among the rows, and a row longer than the others
+pads every row of the call to its length, so each of its positions past the others' one costs b tokens (what
+the engine charges it), unless the engine verifies it in a call of its own, paying that call's fixed term.
 A drafting call keeps the other requests waiting too. So before each step the request takes the draft count k
 in 0..its budget with the most expected tokens per second of its own:
 
@@ -48,15 +48,11 @@ class SharedDrafts:
 
     def best(self, budget: int, rows: int) -> int:
         c = self.cost
-        even = (c.fixed_s + c.per_row_s * rows) / rows
         a = min(self.alpha, 0.999)
 
         def seconds(k: int) -> float:
-            if k == 0:
-                return even + c.per_token_s
-            padded = even + c.per_token_s * (1 + rows * k)
-            apart = c.fixed_s + c.per_row_s + c.per_token_s * (1 + k)
-            return min(padded, apart) + k * self.draft_s
+            padded = c.charges([1] * (rows - 1) + [1 + k])[-1]  # beside the others' one-token rows
+            return padded if k == 0 else min(padded, c.call_s(1, 1 + k)) + k * self.draft_s
 
         return max(range(budget + 1), key=lambda k: expected_tokens(a, k) / seconds(k))
 

@@ -168,23 +168,13 @@ class Engine:
                 self.on_call(group[0].piece, len(group), seconds)
 
     def _shares(self, group: list[Call]) -> list[float]:
-        """Each call's share of a batched call's seconds: of a verification call priced by `cost`, the fixed and
-        per-row terms split evenly, and the padded tokens' term position by position among the calls that
-        reach that far (the airport game's Shapley split): a one-token step beside a long draft pays for one
-        position, the draft for the padding it causes. Where rows cost little beside the weights' traffic, as
-        at fp32, they are charged little. Of any other call, its share of the tokens."""
+        """Each call's share of a batched call's seconds: of a verification call priced by `cost`, its charge
+        (`CallCost.charges`: a long draft pays for the padding it causes; where rows cost little beside the
+        weights' traffic, as at fp32, they are charged little); of any other call, its share of the tokens."""
         if self.cost is None or group[0].piece not in VERIFYING:
             tokens = sum(c.n for c in group)
             return [c.n / tokens for c in group]
-        k = len(group)
-        even = (self.cost.fixed_s + self.cost.per_row_s * k) / k
-        lengths = sorted(c.n for c in group)
-        # reach[m]: the padded tokens' seconds a call of m tokens is charged, summed over its positions
-        reach, position, acc = {}, 0, 0.0
-        for i, m in enumerate(lengths):
-            acc += self.cost.per_token_s * k / (k - i) * (m - position)  # k - i calls reach these positions
-            position, reach[m] = m, acc
-        weights = [even + reach[c.n] for c in group]
+        weights = self.cost.charges([c.n for c in group])
         return [w / sum(weights) for w in weights]
 
     def _fitting(self, group: list[Call]) -> list[list[Call]]:
