@@ -114,6 +114,48 @@ void quantize_row(const float* a, int64_t K, int64_t block, int64_t blocks, int8
   }
 }
 
+// quantize_row on 8 lanes for blocks whose K values are all present: the same float product, the same rounding
+// to nearest even (roundps in the default mode, as nearbyint), the same clamp (a NaN becomes -127 on both paths, as
+// std::max(-127, NaN) and maxps(NaN, -127) give -127); the maximum and the integer sum are exact in any order.
+// A block cut short by K takes the scalar code.
+__attribute__((target("avx2,fma"))) void quantize_row_avx2(const float* a, int64_t K, int64_t block, int64_t blocks,
+                                                          int8_t* q, float* scale, int32_t* sum) {
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 hi_code = _mm256_set1_ps(127.0f), lo_code = _mm256_set1_ps(-127.0f);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t b = 0; b < blocks; ++b) {
+    int64_t lo = b * block;
+    if (lo + block > K) {
+      quantize_row(a + lo, K - lo, block, 1, q + lo, scale + b, sum + b);
+      continue;
+    }
+    __m256 m = _mm256_setzero_ps();
+    for (int64_t k = lo; k < lo + block; k += 8) m = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(a + k), magnitude), m);
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    float s = _mm_cvtss_f32(m4) / 127.0f;
+    __m256 inv = _mm256_set1_ps(s != 0.0f ? 1.0f / s : 0.0f);
+    __m256i total = _mm256_setzero_si256();
+    for (int64_t k = lo; k < lo + block; k += 32) {
+      __m256i c[4];
+      for (int i = 0; i < 4; ++i) {
+        __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(a + k + 8 * i), inv),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        c[i] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo_code), hi_code));
+        total = _mm256_add_epi32(total, c[i]);
+      }
+      __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k), _mm256_permutevar8x32_epi32(bytes, order));
+    }
+    __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+    t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0x4e));
+    t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0xb1));
+    scale[b] = s;
+    sum[b] = _mm_cvtsi128_si32(t4);
+  }
+}
+
 void store(const Call& c, int64_t t, int64_t r, const float* acc) {
   int64_t n = std::min(kTile, c.a.N - t * kTile);
   std::memcpy(c.out + r * c.a.N + t * kTile, acc, sizeof(float) * n);
@@ -501,9 +543,10 @@ OrtStatus* compute(void* op_kernel, OrtKernelContext* ctx) {
   c.ascale.resize(c.M * c.blocks);
   c.asum.resize(c.M * c.blocks);
   const float* rows = static_cast<const float*>(a.data);
-  for (int64_t r = 0; r < c.M; ++r)  // cheap beside the weights: K values a row
-    quantize_row(rows + r * c.a.K, c.a.K, c.a.block, c.blocks, c.q.data() + r * c.padded_k,
-                 c.ascale.data() + r * c.blocks, c.asum.data() + r * c.blocks);
+  auto quantize = kern.isa == Isa::portable ? quantize_row : quantize_row_avx2;
+  for (int64_t r = 0; r < c.M; ++r)  // before the parallel loop, so vectorised: it is the call's serial part
+    quantize(rows + r * c.a.K, c.a.K, c.a.block, c.blocks, c.q.data() + r * c.padded_k,
+             c.ascale.data() + r * c.blocks, c.asum.data() + r * c.blocks);
   c.isa = kern.isa;
   c.tile = kern.isa == Isa::portable ? tile_portable : tile_vector;
   c.silu_mul = kern.isa == Isa::portable ? silu_mul_portable : silu_mul_avx2;

@@ -156,6 +156,25 @@ def test_the_vector_paths_give_the_portable_paths_bits():
                                               err_msg=f"{isa}, {shape}, {rows} rows")
 
 
+def test_the_vector_paths_quantize_awkward_activations_as_the_portable_path():
+    """The activations' int8 codes (vectorised on the AVX2 and AVX-512 paths): an all-zero block (scale 0), codes
+    exactly half-way between two integers (rounded to even), signed zeros, subnormals and huge values."""
+    k, n, bits, block, symmetric = SHAPES[1]  # K = 100 in blocks of 64: the last block cut short
+    fast, portable = fast_and_portable(rowwise(nbits_model(k, n, bits, block, symmetric, seed=5)[0]))
+    rows = np.zeros((6, k), np.float32)
+    rows[1, :64] = np.arange(64) - 31.5  # max 32.5: codes of x * 127 / 32.5, several ties among them
+    rows[1, 64:] = 127.0 * np.where(np.arange(k - 64) % 2, 0.5, -2.5) / 127.0  # inv = 1 / (2.5 / 127)
+    rows[2] = np.where(np.arange(k) % 3, -0.0, 1e-42)  # subnormals beside negative zeros
+    rows[3] = np.linspace(-3e38, 3e38, k)
+    rows[4, :64] = 1.0
+    rows[4, 64:] = -0.0
+    rows[5] = np.random.default_rng(9).standard_normal(k) * 1e-3
+    rows[5, 10] = 127.0 / 2 * 1e-3  # a tie at code 63.5
+    want = portable.run(None, {"A": rows})[0]
+    for isa, session in fast.items():
+        np.testing.assert_array_equal(session.run(None, {"A": rows})[0], want, err_msg=isa)
+
+
 # (K, N, bits, block, symmetric) for the gated epilogue: halves of whole tiles (gate and up computed side by side)
 # and halves that share a tile (the epilogue after every tile)
 GATED = [(64, 48, 4, 32, False), (100, 26, 8, 64, False), (300, 80, 4, 128, True), (96, 18, 4, 32, True)]
