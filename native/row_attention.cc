@@ -92,6 +92,20 @@ void wsum_portable(const float* w, const float* vals, const int64_t* slots, int 
   }
 }
 
+// scores *= scale, then (softcap) cap tanh(score / cap), then + the slot's bias; returns their maximum, NaN
+// scores left out (as `score > m` leaves them out)
+float prepare_portable(float* sc, const float* adds, int n, float scale, float cap) {
+  float m = -INFINITY;
+  for (int t = 0; t < n; ++t) {
+    float x = sc[t] * scale;
+    if (cap > 0.0f) x = cap * std::tanh(x / cap);
+    if (adds) x += adds[t];
+    sc[t] = x;
+    m = x > m ? x : m;
+  }
+  return m;
+}
+
 void scale_portable(float* out, const float* acc, float sum, int n) {
   for (int d = 0; d < n; ++d) out[d] = acc[d] / sum;
 }
@@ -126,6 +140,26 @@ __attribute__((target("avx2,fma"))) float exp_sum_avx2(float* s, int n, float m)
     acc[l] += s[k];
   }
   return reduce_lanes(acc);
+}
+
+// prepare_portable on 8 lanes. The maximum is exact in any order; maxps(x, m) keeps m where x is NaN, as the
+// scalar comparison does. Where the two could differ (the sign of a zero maximum), e^(s - m) does not: s - (+0) and
+// s - (-0) differ only in a zero's sign, and e^(+-0) is 1 either way.
+__attribute__((target("avx2,fma"))) float prepare_avx2(float* sc, const float* adds, int n, float scale, float cap) {
+  if (cap > 0.0f) return prepare_portable(sc, adds, n, scale, cap);  // soft-capping's tanh: scalar
+  __m256 mv = _mm256_set1_ps(-INFINITY), sv = _mm256_set1_ps(scale);
+  int t = 0;
+  for (; t + 8 <= n; t += 8) {
+    __m256 x = _mm256_mul_ps(_mm256_loadu_ps(sc + t), sv);
+    if (adds) x = _mm256_add_ps(x, _mm256_loadu_ps(adds + t));
+    _mm256_storeu_ps(sc + t, x);
+    mv = _mm256_max_ps(x, mv);
+  }
+  float m = prepare_portable(sc + t, adds ? adds + t : nullptr, n - t, scale, cap);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, mv);
+  for (float x : lanes) m = x > m ? x : m;
+  return m;
 }
 
 // Four keys' lane sums reduced together: each key's sums are added in reduce_avx2's pairs, so its score has
@@ -232,6 +266,7 @@ __attribute__((target(AVX512_TARGET))) void scores_avx512(const float* q, const 
 
 struct Kernels {
   void (*scores)(const float*, const float*, const int64_t*, int, int, float*);
+  float (*prepare)(float*, const float*, int, float, float);
   float (*exp_sum)(float*, int, float);
   void (*wsum)(const float*, const float*, const int64_t*, int, int, float*);
 };
@@ -252,9 +287,9 @@ Isa detect_isa() {
 
 Kernels kernels_for(Isa isa) {
   switch (isa) {
-    case Isa::avx512: return {scores_avx512, exp_sum_avx2, wsum_avx2};
-    case Isa::avx2: return {scores_avx2, exp_sum_avx2, wsum_avx2};
-    default: return {scores_portable, exp_sum_portable, wsum_portable};
+    case Isa::avx512: return {scores_avx512, prepare_avx2, exp_sum_avx2, wsum_avx2};
+    case Isa::avx2: return {scores_avx2, prepare_avx2, exp_sum_avx2, wsum_avx2};
+    default: return {scores_portable, prepare_portable, exp_sum_portable, wsum_portable};
   }
 }
 
@@ -279,6 +314,14 @@ struct Call {  // one Compute's shapes and pointers, shared by the parallel loop
   const int64_t* pos;
   std::vector<int64_t> past;  // per batch row: the slot of the call's first token
   float *kc, *vc, *out;
+  // per query row (b, i): the slots it sees in order and their bias, found once for all its heads (find_seen)
+  struct Seen {
+    const int64_t* slots;
+    const float* adds;
+    int n;
+  };
+  std::vector<Seen> seen;
+  int64_t group;  // query heads an attend item computes: all that share a kv head, or one (too few items else)
 };
 
 inline int64_t position(const Call& c, int64_t b, int64_t i) {
@@ -308,55 +351,91 @@ void write_kv(void* data, size_t item) {  // item: (b, kv head, i) -> the new ke
   std::memcpy(c.vc + at, vrow, sizeof(float) * c.hd);
 }
 
-void attend(void* data, size_t item) {  // item: (b, head, i) -> one output row
+// Keys and values are read in tiles that stay in the L1 cache while every head of a kv head's group uses them: the
+// group then reads its cache rows from L2 once, not once per head. Each head's scores, softmax and weighted sum are
+// the same operations in the same order as for that head alone (a tile boundary only stores and reloads a sum).
+int64_t tile_slots(int64_t hd) { return std::max<int64_t>(16, (16384 / (hd * 4)) / 4 * 4); }
+
+// item: (b, head group, i) -> the output rows of the group's query heads, `group` heads that share a kv head
+void attend(void* data, size_t item) {
   const Call& c = *static_cast<const Call*>(data);
-  int64_t i = item % c.S, h = (item / c.S) % c.a.heads, b = item / (c.S * c.a.heads);
-  int64_t kh = h / (c.a.heads / c.a.kv_heads);
-  thread_local std::vector<float> scores, qrot, acc;
-  thread_local std::vector<int64_t> slots;
-  thread_local std::vector<float> adds;
-  int64_t last = c.past[b] + i;  // the query's own slot
-  scores.resize(last + 1);
-  slots.resize(last + 1);
-  adds.resize(last + 1);
-  qrot.resize(c.hd);
-  acc.assign(c.hd, 0.0f);
-  rotate(c, c.q + (b * c.S + i) * c.q_stride + h * c.hd, qrot.data(), position(c, b, i));
-  const float* bias = c.bias ? c.bias + ((c.bias_batch == 1 ? 0 : b) * c.S + i) * c.bias_width : nullptr;
-  const float* keys = c.kc + (b * c.a.kv_heads + kh) * c.C * c.hd;
-  const float* vals = c.vc + (b * c.a.kv_heads + kh) * c.C * c.hd;
-  int n = 0;
-  if (bias) {
-    for (int64_t j = 0; j <= last; ++j) {  // branch-free: a masked slot is written and then overwritten
-      slots[n] = j;
-      adds[n] = bias[j];
-      n += bias[j] > kMasked;
-    }
-  } else {
-    for (int64_t j = 0; j <= last; ++j) slots[j] = j;
-    n = static_cast<int>(last + 1);
-  }
-  float* out = c.out + (b * c.S + i) * c.a.heads * c.hd + h * c.hd;
-  if (n == 0) {
-    std::memset(out, 0, sizeof(float) * c.hd);
+  int64_t group = c.group, hd = c.hd, groups = c.a.heads / group;
+  int64_t i = item % c.S, hg = (item / c.S) % groups, b = item / (c.S * groups);
+  int64_t kh = hg * group / (c.a.heads / c.a.kv_heads);
+  const Call::Seen& seen = c.seen[b * c.S + i];
+  float* out = c.out + (b * c.S + i) * c.a.heads * hd + hg * group * hd;
+  if (seen.n == 0) {
+    std::memset(out, 0, sizeof(float) * group * hd);
     return;
   }
-  int hd = static_cast<int>(c.hd);
-  c.k.scores(qrot.data(), keys, slots.data(), n, hd, scores.data());
-  float* sc = scores.data();
-  const float scale = c.a.scale, cap = c.a.softcap;
-  for (int t = 0; t < n; ++t) sc[t] *= scale;
-  if (cap > 0.0f)
-    for (int t = 0; t < n; ++t) sc[t] = cap * std::tanh(sc[t] / cap);
-  if (bias) {
-    const float* add = adds.data();
-    for (int t = 0; t < n; ++t) sc[t] += add[t];
+  int n = seen.n;
+  thread_local std::vector<float> scores, qrot, acc, sums;
+  scores.resize(group * n);
+  qrot.resize(group * hd);
+  acc.assign(group * hd, 0.0f);
+  sums.resize(group);
+  for (int64_t g = 0; g < group; ++g)
+    rotate(c, c.q + (b * c.S + i) * c.q_stride + (hg * group + g) * hd, qrot.data() + g * hd, position(c, b, i));
+  const float* keys = c.kc + (b * c.a.kv_heads + kh) * c.C * hd;
+  const float* vals = c.vc + (b * c.a.kv_heads + kh) * c.C * hd;
+  int width = static_cast<int>(hd), tile = static_cast<int>(tile_slots(hd));
+  for (int t0 = 0; t0 < n; t0 += tile)
+    for (int64_t g = 0; g < group; ++g)
+      c.k.scores(qrot.data() + g * hd, keys, seen.slots + t0, std::min(tile, n - t0), width,
+                 scores.data() + g * n + t0);
+  for (int64_t g = 0; g < group; ++g) {
+    float* sc = scores.data() + g * n;
+    sums[g] = c.k.exp_sum(sc, n, c.k.prepare(sc, seen.adds, n, c.a.scale, c.a.softcap));
   }
-  float m = -INFINITY;
-  for (int t = 0; t < n; ++t) m = sc[t] > m ? sc[t] : m;
-  float sum = c.k.exp_sum(scores.data(), n, m);
-  c.k.wsum(scores.data(), vals, slots.data(), n, hd, acc.data());
-  scale_portable(out, acc.data(), sum, hd);
+  for (int t0 = 0; t0 < n; t0 += tile)
+    for (int64_t g = 0; g < group; ++g)
+      c.k.wsum(scores.data() + g * n + t0, vals, seen.slots + t0, std::min(tile, n - t0), width,
+               acc.data() + g * hd);
+  for (int64_t g = 0; g < group; ++g) scale_portable(out + g * hd, acc.data() + g * hd, sums[g], width);
+}
+
+// Call::seen for every query row: the slots 0 .. its own that its bias row does not mask. A row that masks nothing
+// reads 0, 1, 2 ... (`iota`) and its bias row as they are; the others' lists are packed in `slots` and `adds`. The
+// lists live in the calling thread's storage, which outlasts the parallel loop that reads them.
+void find_seen(Call& c) {
+  thread_local std::vector<int64_t> iota, slots;
+  thread_local std::vector<float> adds;
+  int64_t rows = c.B * c.S, widest = 0;
+  for (int64_t b = 0; b < c.B; ++b) widest = std::max(widest, c.past[b] + c.S);
+  if (static_cast<int64_t>(iota.size()) < widest) {
+    iota.resize(widest);
+    for (int64_t j = 0; j < widest; ++j) iota[j] = j;
+  }
+  c.seen.resize(rows);
+  std::vector<int64_t> packed_at(rows, -1);
+  int64_t packed = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t b = r / c.S, i = r % c.S, last = c.past[b] + i;
+    const float* bias = c.bias ? c.bias + ((c.bias_batch == 1 ? 0 : b) * c.S + i) * c.bias_width : nullptr;
+    bool masks = false;
+    for (int64_t j = 0; bias && j <= last && !masks; ++j) masks = !(bias[j] > kMasked);
+    c.seen[r] = {iota.data(), bias, static_cast<int>(last + 1)};
+    if (masks) {
+      packed_at[r] = packed;
+      packed += last + 1;
+    }
+  }
+  if (!packed) return;
+  slots.resize(packed);
+  adds.resize(packed);
+  for (int64_t r = 0; r < rows; ++r) {
+    if (packed_at[r] < 0) continue;
+    int64_t* row_slots = slots.data() + packed_at[r];
+    float* row_adds = adds.data() + packed_at[r];
+    const float* bias = c.seen[r].adds;
+    int n = 0;
+    for (int64_t j = 0; j < c.seen[r].n; ++j) {  // branch-free: a masked slot is written and then overwritten
+      row_slots[n] = j;
+      row_adds[n] = bias[j];
+      n += bias[j] > kMasked;
+    }
+    c.seen[r] = {row_slots, row_adds, n};
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -486,7 +565,11 @@ OrtStatus* compute(void* op_kernel, OrtKernelContext* ctx) {
   // all new keys and values first: a row reads those of the call's earlier rows
   // (inline: copies and rotations are cheap, and a pool wake-up per call is not)
   for (size_t item = 0; item < static_cast<size_t>(c.B * Hk * c.S); ++item) write_kv(&c, item);
-  return g_api->KernelContext_ParallelFor(ctx, attend, static_cast<size_t>(c.B * H * c.S), 0, &c);
+  find_seen(c);
+  // a kv head's query heads together read its cache once; with fewer such items than 4 (a one-token call of a
+  // model with 3 kv heads), one head an item, which two threads share out more evenly
+  c.group = c.B * Hk * c.S >= 4 ? H / Hk : 1;
+  return g_api->KernelContext_ParallelFor(ctx, attend, static_cast<size_t>(c.B * (H / c.group) * c.S), 0, &c);
 }
 
 template <typename T>
