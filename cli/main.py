@@ -71,8 +71,8 @@ def main() -> None:
 @click.option("--matmul", type=click.Choice(["mlas", "rowwise"]), default=None,
               help="The int8/int4 'ort' pieces' weight matmuls: 'mlas' is ONNX Runtime's MatMulNBits; 'rowwise' is"
               " specexport's CPU operator (in the attention operator's library), which computes every row alone so"
-              " one-token calls round as rows of a verification call on any CPU. Default: the recipe's, else rowwise at"
-              " int4 where the package was installed with the operator, mlas at int8.")
+              " one-token calls round as rows of a verification call on any CPU. Default: the recipe's, else rowwise"
+              " where the package was installed with the operator.")
 @click.option("--precision", type=click.Choice(["fp32", "int8", "int4"]), default=None,
               help="Weights: fp32, or int8/int4 weight-only quantization (ONNX Runtime's MatMulNBits, blocks of 64 /"
               " 32 along K; the ort flavour only). Default: the recipe's (fp32).")

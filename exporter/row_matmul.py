@@ -47,10 +47,10 @@ def check_choice(matmul: str, flavour: str, precision: str, block_sizes: tuple[i
         raise SpecExportError(f"--matmul rowwise needs the operator to check the pieces, but {error}")
 
 
-# The default per precision, from side-by-side measurements on x86: at int4 MLAS's AVX2 kernel rounds a one-row
-# call otherwise than a row of many (so the session pads AR's calls) and the operator was faster than it even at
-# one row; at int8 the two were even and MLAS's one-row calls round alike, so MLAS stays.
-DEFAULTS = {"int4": "rowwise", "int8": "mlas"}
+# The default per precision, from side-by-side measurements on x86 (BENCHMARKS.md): at int4 MLAS's AVX2 kernel
+# rounds a one-row call otherwise than a row of many (so the session pads AR's calls) and the operator is faster
+# than it even at one row; at int8 MLAS's one-row calls round alike, and the operator is faster at every row count.
+DEFAULTS = {"int4": "rowwise", "int8": "rowwise"}
 
 
 def choose(asked: str | None, flavour: str, precision: str, specs: tuple) -> tuple[str, str | None]:

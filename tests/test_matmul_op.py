@@ -378,7 +378,7 @@ def test_a_batch_scheduler_opened_from_the_path_registers_the_library(rowwise_mm
 def test_the_default_matmul_per_precision_and_its_fallbacks(monkeypatch):
     int4, int8 = quantize.spec_for("int4"), quantize.spec_for("int8")
     assert row_matmul.choose(None, "ort", "int4", (int4, int8)) == ("rowwise", None)
-    assert row_matmul.choose(None, "ort", "int8", (int8,)) == ("mlas", None)
+    assert row_matmul.choose(None, "ort", "int8", (int8,)) == ("rowwise", None)
     assert row_matmul.choose(None, "ort", "fp32", (None, int8)) == ("mlas", None)  # fp32 pieces, int8 drafting
     assert row_matmul.choose("mlas", "ort", "int4", (int4,)) == ("mlas", None)
     # a recipe's quantization the operator does not take keeps MatMulNBits rather than failing the build
