@@ -190,8 +190,8 @@ def test_shared_draft_counts_follow_the_load_and_the_acceptance():
     greedy = SamplingParams()
     assert len(drafts.propose([1, 2], 3, None, greedy, None).tokens) == 10  # alone: untouched
     rows[0] = 4
-    counts = [len(drafts.propose([1, 2], 3, None, greedy, None).tokens) for _ in range(9)]
-    assert counts[:8] == [0] * 8 and counts[8] == 1  # plain steps, then a probe of one token
+    counts = [len(drafts.propose([1, 2], 3, None, greedy, None).tokens) for _ in range(33)]
+    assert counts[:32] == [0] * 32 and counts[32] == 1  # plain steps, then a probe of one token: 8 x 4 sharing
     for _ in range(40):  # every probe accepted: alpha climbs, and so does the count
         drafts.propose([1, 2], 3, None, greedy, None)
         drafts.advance(None, 0, drafts.drafted + 1)

@@ -12,9 +12,11 @@ in 0..its budget with the most expected tokens per second of its own:
 
 for b requests sharing, even = (fixed + per_row * b) / b, alpha its running per-draft acceptance, and d its
 drafting seconds per draft token as its own clock measures them (the others' waiting included); a plain step
-(k = 0) costs even + per_token. After `probe_every` plain steps in a row one step drafts a single token, or
-alpha would never be judged again. A token tree is verified whole or not at all (its shape sizes it); a chain of
-prompt lookup's, which takes no budget of its own, is cut to k.
+(k = 0) costs even + per_token. After `probe_every` x b plain steps in a row one step drafts a single token, or
+alpha would never be judged again; a probe pads or splits the call every sharing request is in, so the interval
+grows with b and the load probes about once per `probe_every` rounds, however many requests share them. A
+token tree is verified whole or not at all (its shape sizes it); a chain of prompt lookup's, which takes no
+budget of its own, is cut to k.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ class SharedDrafts:
         if rows > 1:
             k = self.best(budget, rows)
             self.idle = self.idle + 1 if k == 0 else 0
-            if k == 0 and self.idle <= self.probe_every:
+            if k == 0 and self.idle <= self.probe_every * rows:
                 self.drafted = 0
                 return Draft([])
             budget = max(k, 1)
