@@ -175,7 +175,8 @@ class Engine:
             tokens = sum(c.n for c in group)
             return [c.n / tokens for c in group]
         weights = self.cost.charges([c.n for c in group])
-        return [w / sum(weights) for w in weights]
+        total = sum(weights)
+        return [w / total for w in weights]
 
     def _fitting(self, group: list[Call]) -> list[list[Call]]:
         """`group` less the calls that padding to its longest would carry past the context, each of which runs
