@@ -12,23 +12,19 @@ from pathlib import Path
 
 import numpy as np
 
-from . import attention_op
 from .assemble import decoder
-from .backends.common import WrappedPiece
 from .bundle import Bundle, load_bundle
 from .context import DecodeContext
-from .decode import Pieces, emitted
+from .decode import emitted
+from .engine import Engine, open_pieces, sequence_pieces
 from .errors import SpecExportError
-from .head import FeatureTap
 from .options import Limits, Options, make_options
 from .plan import Capabilities, Plan, make_plan
-from .row_padding import ONE_ROW_CALLS, TwoRowCalls, pad_if_needed
+from .row_padding import ONE_ROW_CALLS, one_row_calls
 from .sampling import SamplingParams
 from .stats import Stats
 from .text import Detokenizer, TextCodec, check_prompt_fits
 from .tree import trees_in_full
-
-BACKENDS = ("onnxruntime", "tensorrt")
 
 
 @dataclass
@@ -40,65 +36,18 @@ class Generation:
     lossy: bool = False  # a relaxed verification rule ran: not necessarily the target's own output
 
 
-def _open_pieces(bundle: Bundle, backend: str, providers: list[str] | None,
-                 threads: int | dict[str, int] | None) -> Pieces:
-    attention = bundle.manifest.graph.attention
-    if backend == "onnxruntime":
-        from .backends.ort import OrtPiece
-
-        if attention == "rowwise" and attention_op.load_error() is not None:
-            raise SpecExportError(f"bundle {bundle.root}'s pieces use specexport's row-invariant attention operator,"
-                                  f" but {attention_op.load_error()}")
-        matmul = bundle.manifest.graph.matmul
-        if matmul == "rowwise" and attention_op.load_error() is not None:
-            raise SpecExportError(f"bundle {bundle.root}'s pieces use specexport's row-invariant matmul operator,"
-                                  f" but {attention_op.load_error()}")
-        gpu = [p for p in providers or [] if p != "CPUExecutionProvider"]
-        if attention == "rowwise" and gpu:
-            raise SpecExportError(f"bundle {bundle.root}'s attention is specexport's CPU operator, which {gpu[0]}"
-                                  " would run on the host with the caches copied on every call; rebuild the bundle"
-                                  " with --attention gqa for a GPU provider")
-
-        def open_piece(name: str) -> OrtPiece:
-            # a dict gives each piece its own count (PEARL runs the drafter and `deep` side by side)
-            n = threads.get(name) if isinstance(threads, dict) else threads
-            return OrtPiece(name, bundle.piece_path(name), bundle.pieces[name], bundle.max_context,
-                            providers or ["CPUExecutionProvider"], n, attention, matmul)
-    elif backend == "tensorrt":
-        from .backends.tensorrt import open_trt_piece
-
-        def open_piece(name: str):
-            return open_trt_piece(bundle, name)
-    else:
-        raise SpecExportError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
-    dims = bundle.manifest.model.dims
-    on_cpu = not any(p != "CPUExecutionProvider" for p in providers or [])
-    if backend == "onnxruntime" and attention == "gqa" and bundle.manifest.graph.flavour == "ort" \
-            and dims.head_dim > attention_op.WIDEST_GQA_HEAD and on_cpu:
-        raise SpecExportError(f"bundle {bundle.root}'s GroupQueryAttention has {dims.head_dim}-wide heads, whose rows"
-                              " ONNX Runtime's CPU kernel rounds by the call's length, so speculation would leave AR's"
-                              " output; rebuild the bundle with --attention rowwise")
-    opened = {name: open_piece(name) for name in bundle.pieces}
-    pieces = Pieces(**opened, draft_vocab=bundle.draft_vocab("adapter"), drafter_vocab=bundle.draft_vocab("drafter"),
-                    head_vocab=bundle.draft_vocab("head"), vocab_size=dims.vocab)
-    min_rows = min(bundle.pieces["shallow"].min_rows, bundle.pieces["deep"].min_rows)
-    # one-row calls must round as verification rows on this machine, or the session pads them itself
-    pad_if_needed(pieces, dims.vocab, min_rows, bundle.max_context)
-    if pieces.head is not None:  # the head drafts from the target states of deep's calls (runtime/head.py)
-        pieces.deep = FeatureTap(pieces.deep)
-    return pieces
-
-
 class Session:
-    """A loaded bundle. Threads may share one: its pieces hold one set of KV caches, so requests take turns,
-    each holding the session from its first token to its last (a stream that is abandoned half-read gives
-    the session back when it is closed or collected). The weights and ONNX Runtime's thread pools are the
-    session's; a request's options, statistics and text are its own (TextStream). For requests that should
-    run side by side, open one Session per thread: they share nothing but the process."""
+    """A loaded bundle: the decode engine with one sequence (runtime/engine). Threads may share one: its pieces
+    hold one cache row, so requests take turns, each holding the session from its first token to its last (a
+    stream that is abandoned half-read gives the session back when it is closed or collected). The weights and
+    ONNX Runtime's thread pools are the session's; a request's options, statistics and text are its own
+    (TextStream). For requests that should run side by side, serve them from a BatchScheduler on this session
+    (runtime/batching: the same engine with a row per request), or open one Session per thread."""
 
-    def __init__(self, bundle: Bundle, pieces: Pieces) -> None:
+    def __init__(self, bundle: Bundle, engine: Engine) -> None:
         self.bundle = bundle
-        self.pieces = pieces
+        self.engine = engine
+        self.pieces = pieces = sequence_pieces(engine.views(0), bundle)
         self.codec = TextCodec(bundle.root, bundle.manifest.tokenizer)
         self.defaults = dataclasses.asdict(bundle.manifest.generation)
         self.speculative = bundle.manifest.speculative
@@ -114,19 +63,10 @@ class Session:
 
     @property
     def one_row_calls(self) -> str:
-        """How a one-token call of shallow and deep keeps verification's arithmetic: `graph` (the pieces
-        pad every op), `attention` (they pad attention alone, and this machine's kernels round the rest of
-        a one-row call as a row of many), `session` (they do not round alike here: the session runs such
-        calls as two rows), or `none` (a bundle built to pad nothing, whose calls round alike here)."""
-        piece = self.pieces.deep
-        while not isinstance(piece, TwoRowCalls) and isinstance(piece, WrappedPiece):  # the head's tap wraps it
-            piece = piece.piece
-        if isinstance(piece, TwoRowCalls):
-            return "session"
+        """How a one-token call of shallow and deep keeps verification's arithmetic, in a word
+        (row_padding.one_row_calls): `graph`, `attention`, `session` or `none`."""
         spec = self.bundle.pieces["deep"]
-        if spec.min_rows >= 2:
-            return "graph"
-        return "none" if spec.one_row_padding == "none" else "attention"
+        return one_row_calls(self.engine.pieces, spec.min_rows, spec.one_row_padding)
 
     @property
     def one_row_calls_note(self) -> str:
@@ -246,7 +186,7 @@ def load(bundle: str | Path, backend: str = "onnxruntime", providers: list[str] 
     ``expect_digest`` (the SHA-256 `specexport inspect` prints) any other bundle is refused."""
     b = load_bundle(bundle, verify=verify, expect_digest=expect_digest)
     check_cache_fits(b)
-    return Session(b, _open_pieces(b, backend, providers, threads))
+    return Session(b, Engine(open_pieces(b, backend, providers, threads)))
 
 
 def cache_bytes(bundle: Bundle) -> int:

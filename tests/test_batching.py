@@ -32,6 +32,27 @@ def expected(session):
     return ids, [session.generate_ids(i, mode="ar", max_new_tokens=max(LENGTHS)).tokens for i in ids]
 
 
+def test_one_engine_and_one_piece_wrapper_for_one_sequence_or_many(session, expected):
+    """A Session is the engine with one cache row, whose sequence calls the pieces themselves; a scheduler on it is
+    the same engine with a row per request: the same piece wrapper (so the same manifest I/O check) on the same
+    ONNX Runtime sessions, its cache rows its own."""
+    from specexport.runtime.backends.ort import OrtPiece
+
+    def unwrapped(piece):
+        return getattr(piece, "piece", piece)  # the one-row padding, where this machine needs it
+
+    assert session.engine.rows == 1 and session.pieces.shallow is session.engine.pieces["shallow"]
+    with BatchScheduler(session, max_batch=3) as scheduler:
+        assert scheduler.engine.rows == 3 and scheduler.one_row_calls == session.one_row_calls
+        for name, piece in scheduler.engine.pieces.items():
+            mine, theirs = unwrapped(piece), unwrapped(session.engine.pieces[name])
+            assert type(mine) is OrtPiece and type(theirs) is OrtPiece, name
+            assert mine.session is theirs.session and (mine.rows, theirs.rows) == (3, 1), name
+        ids, reference = expected
+        requests = [scheduler.submit(i, mode="lookup", max_new_tokens=12) for i in ids[:3]]
+        assert [r.result() for r in requests] == [r[:12] for r in reference[:3]]
+
+
 def test_batched_rows_are_one_row_calls_bit_for_bit(session):
     """Rows at different positions, with different numbers of real tokens, in one call: each row's hidden
     states and logits equal a one-row call's exactly (what makes batching lossless)."""
@@ -46,12 +67,12 @@ def test_batched_rows_are_one_row_calls_bit_for_bit(session):
             single.deep.run(hidden, 0)
             h = single.shallow.run(ids_array(new), len(prompt))["hidden"]
             want.append((h[0], single.deep.run(h, len(prompt), keep=len(new))["logits"][0]))
-            hidden = batched.shallow.run(ids_array(prompt), [row], [0])["hidden"]
-            batched.deep.run(hidden, [row], [0])
+            hidden = batched.shallow.run_rows(ids_array(prompt), [row], [0])["hidden"]
+            batched.deep.run_rows(hidden, [row], [0])
         ids = np.array([new + new[-1:] * (4 - len(new)) for new in steps])
         starts = [len(p) for p in prompts]
-        h = batched.shallow.run(ids, [0, 1, 2], starts)["hidden"]
-        logits = batched.deep.run(h, [0, 1, 2], starts, keep=4)["logits"]
+        h = batched.shallow.run_rows(ids, [0, 1, 2], starts)["hidden"]
+        logits = batched.deep.run_rows(h, [0, 1, 2], starts, keep=4)["logits"]
         for row, (hidden, want_logits) in enumerate(want):
             n = len(steps[row])
             assert np.array_equal(h[row, :n], hidden)
@@ -188,7 +209,7 @@ def test_a_failed_step_ends_its_requests_and_the_loop_goes_on(session, expected)
     ids, reference = expected
     with BatchScheduler(session, max_batch=2) as scheduler:
         deep = scheduler.pieces.deep
-        real_run, calls = deep.run, []
+        real_run, calls = deep.run_rows, []
 
         def failing(x, rows, starts, keep=1, *rest):
             if len(rows) == 2 and not calls:  # the first call that runs both rows
@@ -196,7 +217,7 @@ def test_a_failed_step_ends_its_requests_and_the_loop_goes_on(session, expected)
                 raise SpecExportError("piece 'deep' failed: injected")
             return real_run(x, rows, starts, keep, *rest)
 
-        deep.run = failing
+        deep.run_rows = failing
         with scheduler._wake:  # the loop admits both at once, so they share their first step
             first = scheduler.submit(ids[0], mode="ar", max_new_tokens=10)
             second = scheduler.submit(ids[1], mode="lookup", max_new_tokens=10)

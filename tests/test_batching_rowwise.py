@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from specexport.runtime import SpecExportError, attention_op, load
 from specexport.runtime.batching import BatchScheduler
+from specexport.runtime.row_padding import TwoRowCalls
 
 from .test_rowwise_bundles import rowwise_bundle  # noqa: F401  (the tiny rowwise bundles, built once here)
 
@@ -28,6 +29,12 @@ def tokens_of(request) -> list[int]:
     return [t for step in request for t in step]
 
 
+def padded_pair(scheduler, pad: bool) -> tuple:
+    """The scheduler's shallow and deep with the one-row padding (TwoRowCalls) or without it."""
+    raw = [getattr(p, "piece", p) for p in (scheduler.pieces.shallow, scheduler.pieces.deep)]
+    return tuple(TwoRowCalls(p, scheduler.bundle.max_context) for p in raw) if pad else tuple(raw)
+
+
 @pytest.mark.parametrize("precision", ["fp32", "int8", "int4"])
 def test_concurrent_rows_are_ar(rowwise_bundle, precision):  # noqa: F811
     session = load(rowwise_bundle(precision))
@@ -43,7 +50,7 @@ def test_concurrent_rows_are_ar(rowwise_bundle, precision):  # noqa: F811
     for (prompt, mode, _), tokens, ar in zip(JOBS, got, want, strict=True):
         assert tokens == ar, (precision, prompt, mode)
     assert counts.max_rows == 3 and counts.steps < counts.row_steps, counts  # the rows were verified together
-    assert scheduler.pieces.deep.pad_one_row == (session.one_row_calls == "session")
+    assert scheduler.one_row_calls == session.one_row_calls
 
 
 def test_one_row_calls_pad_as_the_session_does(rowwise_bundle):  # noqa: F811
@@ -52,17 +59,17 @@ def test_one_row_calls_pad_as_the_session_does(rowwise_bundle):  # noqa: F811
     session = load(rowwise_bundle("int4"))
     scheduler = BatchScheduler(session, max_batch=3)
     try:
-        shallow, deep = scheduler.pieces.shallow, scheduler.pieces.deep
         ids = session.prompt_ids("the quick brown fox jumps over the lazy dog", session.options())
         prompt = np.asarray([ids[:-1]] * 3, dtype=np.int64)
         last = np.asarray([[ids[-1]], [ids[3]], [ids[5]]], dtype=np.int64)  # a different next token per row
         at = [prompt.shape[1]] * 3
 
         def row_zero(rows: list[int], pad: bool) -> np.ndarray:
-            shallow.pad_one_row = deep.pad_one_row = pad
-            deep.run(shallow.run(prompt[:len(rows)], rows, [0] * len(rows))["hidden"], rows, [0] * len(rows))
-            hidden = shallow.run(last[:len(rows)], rows, at[:len(rows)])["hidden"]
-            return deep.run(hidden, rows, at[:len(rows)])["logits"][0].copy()
+            shallow, deep = padded_pair(scheduler, pad)
+            deep.run_rows(shallow.run_rows(prompt[:len(rows)], rows, [0] * len(rows))["hidden"], rows,
+                          [0] * len(rows))
+            hidden = shallow.run_rows(last[:len(rows)], rows, at[:len(rows)])["hidden"]
+            return deep.run_rows(hidden, rows, at[:len(rows)])["logits"][0].copy()
 
         both = row_zero([0, 1], pad=False)
         np.testing.assert_array_equal(row_zero([0, 1], pad=True), both)  # two rows: nothing is padded
@@ -81,18 +88,17 @@ def test_a_lone_row_keeps_the_caches_of_a_verification_call(rowwise_bundle):  # 
     session = load(rowwise_bundle("int4"))
     ids = session.prompt_ids("the quick brown fox", session.options())
     with BatchScheduler(session, max_batch=2) as scheduler:
-        p = scheduler.pieces
-
         def caches_after_ar(pad: bool) -> list[np.ndarray]:
-            p.shallow.pad_one_row = p.deep.pad_one_row = pad
-            pools = [pool for piece in (p.shallow, p.deep) for pool in piece.caches.values()]
+            shallow, deep = padded_pair(scheduler, pad)
+            scheduler.engine.pieces.update(shallow=shallow, deep=deep)  # what the next request's views call
+            pools = [pool for piece in (shallow, deep) for pool in piece._pool.caches.values()]
             for pool in pools:
                 pool[:] = 0
             history = ids + tokens_of(scheduler.submit(ids, mode="ar", max_new_tokens=16))
             lone = int(pools[0][1].any())  # the row the request took; the other gets the whole history at once
             written = len(history) - 1  # the last token is never fed
             whole = np.asarray([history[:written]], dtype=np.int64)
-            p.deep.run(p.shallow.run(whole, [1 - lone], [0])["hidden"], [1 - lone], [0])
+            deep.run_rows(shallow.run_rows(whole, [1 - lone], [0])["hidden"], [1 - lone], [0])
             return [pool[row, :, :written].copy() for pool in pools for row in (lone, 1 - lone)]
 
         padded = caches_after_ar(session.one_row_calls == "session")
@@ -109,7 +115,7 @@ def test_a_scheduler_from_a_path_registers_the_operator_and_probes(rowwise_bundl
     prompt, n = "write a haiku about the sea", 20
     want = ar_tokens(session, prompt, n)
     with BatchScheduler(root, max_batch=2) as scheduler:
-        assert scheduler.pieces.deep.pad_one_row == (session.one_row_calls == "session")
+        assert scheduler.one_row_calls == session.one_row_calls
         ids = session.prompt_ids(prompt, session.options())
         requests = [scheduler.submit(ids, mode=mode, max_new_tokens=n) for mode in ("ar", "model")]
         assert [tokens_of(r) for r in requests] == [want, want]

@@ -1,5 +1,5 @@
-"""The batched engine's parts that are not the loop: how calls are grouped (cost.py), how a batched call's
-time is charged to its sequences (engine.py), and auto's plain step while sequences share the engine."""
+"""The engine's parts that are not the loop: how calls are grouped (cost.py), how a batched call's time is
+charged to its sequences (calls.py), and auto's plain step while sequences share the engine."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from specexport.runtime.batching.cost import CallCost, partition
-from specexport.runtime.batching.engine import Engine, SequenceClock, SequencePiece
 from specexport.runtime.drafters import PLAIN, AutoDrafter, Draft, LookupDrafter
+from specexport.runtime.engine.calls import Engine, SequenceClock, SequencePiece
+from specexport.runtime.engine.cost import CallCost, partition
 from specexport.runtime.stats import Stats
 
 
@@ -60,12 +60,13 @@ class RecordingPiece:
     call, and answers each row's tokens back as its `hidden` (so a row's results can be checked as its own)."""
 
     input_names = frozenset({"input_ids"})
+    moves_slots = True
 
     def __init__(self, seconds: float) -> None:
         self.seconds, self.calls, self.max_context = seconds, [], 1000
         self.results = [("hidden", np.dtype(np.int64), ["batch", "seq"])]
 
-    def run(self, x, rows, starts, keep=1, trees=None, extra=None):
+    def run_rows(self, x, rows, starts, keep=1, trees=None, extra=None):
         self.calls.append((list(rows), x.shape[1]))
         time.sleep(self.seconds)
         return {"hidden": x.copy()}
@@ -75,7 +76,7 @@ def test_a_batched_call_is_charged_by_tokens_and_waits_are_not():
     """Two sequences' calls meet in one batched call: each gets back its own rows, and each sequence's clock
     advances by its share of the call (by tokens), not by the wall time both waited."""
     piece = RecordingPiece(0.2)
-    engine = Engine({"shallow": piece})
+    engine = Engine({"shallow": piece}, rows=4)
     clocks = [SequenceClock(), SequenceClock()]
     views = [SequencePiece(engine, "shallow", row, clock) for row, clock in enumerate(clocks)]
     engine.join()
@@ -102,10 +103,10 @@ def test_a_verification_call_is_charged_by_what_its_rows_cost():
     """Where the weights' traffic dominates (fp32), rows of a verification call pay alike whatever their drafts;
     where each token is dear (int4 here), a long draft pays for the padding it causes (each padded position
     split among the rows that reach it)."""
-    from specexport.runtime.batching.engine import Call
+    from specexport.runtime.engine.calls import Call
 
     def shares(cost: CallCost) -> list[float]:
-        engine = Engine({"deep": RecordingPiece(0.0)}, cost)
+        engine = Engine({"deep": RecordingPiece(0.0)}, 3, cost)
         return engine._shares([Call("deep", i, np.zeros((1, n)), 0, 1, None, None) for i, n in enumerate((1, 1, 6))])
 
     flat = shares(CallCost(20e-3, 1e-4, 1e-5))
@@ -119,11 +120,21 @@ def test_a_verification_call_is_charged_by_what_its_rows_cost():
 
 def test_a_lone_sequence_runs_its_calls_at_once():
     piece = RecordingPiece(0.0)
-    engine = Engine({"shallow": piece})
+    engine = Engine({"shallow": piece}, rows=4)
     view = SequencePiece(engine, "shallow", 2, SequenceClock())
     engine.join()
     assert view.run(np.array([[4, 5]]), 0)["hidden"].tolist() == [[4, 5]]
     assert piece.calls == [([2], 2)]
+
+
+def test_an_engine_of_one_row_hands_its_sequence_the_pieces_themselves():
+    """A Session's engine has nothing to merge: its sequence calls the pieces directly (so PEARL's drafter may run
+    beside the target); an engine of several rows hands each sequence views that meet in the rendezvous."""
+    pieces = {"shallow": RecordingPiece(0.0), "deep": RecordingPiece(0.0)}
+    one = Engine(pieces).views(0)
+    assert one == pieces and all(one[name] is pieces[name] for name in pieces)
+    many = Engine(pieces, rows=2).views(1)
+    assert all(isinstance(v, SequencePiece) and v.row == 1 and v.pooled is pieces[n] for n, v in many.items())
 
 
 class TreeLike:

@@ -79,7 +79,9 @@ def test_lint_imports_keeps_every_contract():
     ("specexport.runtime.context", "specexport.runtime.plan", "inside the runtime"),
     ("specexport.runtime.backends.cuda_streams", "specexport.runtime.decode", "inside the runtime"),
     ("specexport.runtime.decode", "specexport.runtime.batching.scheduler", "inside the runtime"),
-    ("specexport.runtime.batching.rows", "specexport.runtime.batching.engine", "no import cycle"),
+    ("specexport.runtime.engine.cost", "specexport.runtime.batching.drafts", "no import cycle"),
+    ("specexport.runtime.engine.calls", "specexport.runtime.session", "inside the runtime"),
+    ("specexport.runtime.assemble", "specexport.runtime.engine.calls", "inside the runtime"),
     ("specexport.exporter.llama_graph", "specexport.exporter.training.head", "no import cycle"),
 ])
 def test_each_rule_fails_when_broken(importer, imported, contract):

@@ -371,7 +371,7 @@ def test_a_batch_scheduler_opened_from_the_path_registers_the_library(rowwise_mm
     with BatchScheduler(root, max_batch=3) as scheduler:
         requests = [scheduler.submit(session.prompt_ids(p, opts), mode=m, max_new_tokens=n) for p, m, n in JOBS]
         got = [tokens_of(r) for r in requests]
-        assert not scheduler.pieces.deep.pad_one_row
+        assert scheduler.one_row_calls != "session"
     assert got == want
 
 

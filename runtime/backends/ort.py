@@ -12,8 +12,9 @@ import onnxruntime as ort
 from .. import attention_op
 from ..errors import RunError, SpecExportError
 from ..manifest import Piece as PieceSpec
-from .buckets import CacheBuckets, dynamic_cache_len, relayout_host, relayout_in_place, view
-from .common import DeviceStates, TreeMask, bias_input, bias_spec, check_io, control_feeds, slot_moves
+from .buckets import CacheBuckets, bucket, dynamic_cache_len, relayout_host, relayout_in_place, view
+from .cache_rows import CacheRows, check_poolable
+from .common import DeviceStates, TreeMask, attention_bias, bias_input, bias_spec, check_io, control_feeds, slot_moves
 from .ort_device import StateStore, bind_states, device_biases
 
 _AXES = ("batch", "seq", "kept")  # the named axes of a piece's results that a call fixes
@@ -120,16 +121,25 @@ class OrtPiece:
     On a GPU execution provider (CUDA, TensorRT) the caches are OrtValues in device memory, bound once, so
     no call moves them; shallow states and attention biases stay on the device too, token ids and positions
     go in and only the results sampling reads come out (`_run_device`, ort_device.py).
+
+    A piece holds a cache row per sequence. With one row, `run` is that sequence's call, laid out as above.
+    With several (`rows`), the caches are a pool in host memory (cache_rows.py), and `run_rows` runs several
+    sequences' calls as one batched call, each row at its own positions; `run` is then row 0's call.
     """
 
     def __init__(self, name: str, path: Path, spec: PieceSpec, max_context: int, providers: list[str],
-                 threads: int | None = None, attention: str = "gqa", matmul: str = "mlas") -> None:
+                 threads: int | None = None, attention: str = "gqa", matmul: str = "mlas", rows: int = 1,
+                 session: ort.InferenceSession | None = None) -> None:
+        """`session`: the piece as another OrtPiece opened it on the CPU (its weights are not loaded again);
+        the caches are this piece's own either way."""
         self.name = name
-        try:
-            self.session = ort.InferenceSession(str(path), session_options(threads, attention, matmul),
-                                                providers=provider_list(providers, Path(path).parent))
-        except Exception as exc:
-            raise SpecExportError(unloadable(name, path, exc, attention, matmul)) from None
+        if session is None:
+            try:
+                session = ort.InferenceSession(str(path), session_options(threads, attention, matmul),
+                                               providers=provider_list(providers, Path(path).parent))
+            except Exception as exc:
+                raise SpecExportError(unloadable(name, path, exc, attention, matmul)) from None
+        self.session = session
         self.inputs, self.outputs = list(spec.inputs), list(spec.outputs)
         check_session_io(name, spec, self.session)
         self.primary = next(t.name for t in self.inputs if t.name in ("input_ids", "hidden_in"))
@@ -144,13 +154,23 @@ class OrtPiece:
         # the provider the session really got (ONNX Runtime falls back to the CPU when one is missing)
         self.device = next((DEVICE_PROVIDERS[p] for p in self.session.get_providers() if p in DEVICE_PROVIDERS),
                            None)
+        self.rows = rows
+        self._pool = None
+        if rows > 1:
+            if self.device is not None:
+                raise SpecExportError(f"piece {name!r} keeps its caches on {self.device}, which holds one sequence;"
+                                      " run several at once on the CPU provider")
+            check_poolable(name, spec, Path(path).parent, attention)
+            self._pool = CacheRows(spec, max_context, rows)
+            bias = self.bias_input
+            self._bias_width_is_cache = bias.shape[-1] == "cache_len"
         # on the host: flat buffers for the full context, bound a bucket at a time (buckets.py)
-        self._buckets = (CacheBuckets(max_context) if self.device is None and dynamic_cache_len(self.inputs)
-                         else None)
+        self._buckets = (CacheBuckets(max_context) if self.device is None and self._pool is None
+                         and dynamic_cache_len(self.inputs) else None)
         self._bound = 0  # shared mode: the bucket the caches are bound at now (rebound when it changes)
         self._shapes: list[tuple[int, ...]] = []
         for t in self.inputs:
-            if not t.name.startswith("past_"):
+            if not t.name.startswith("past_") or self._pool is not None:
                 continue
             shape = [1 if d == "batch" else max_context if d == "cache_len" else d for d in t.shape]
             n_buffers = 1 if self.kv_mode == "shared" else 2
@@ -172,7 +192,7 @@ class OrtPiece:
         # too, at a cost that showed in the profile (BENCHMARKS.md)
         self._result_specs = [(t.name, np.dtype(t.dtype), t.shape) for t in self.outputs if t.name in self.result_names]
         self._shaped = all(isinstance(d, int) or d in _AXES for _, _, shape in self._result_specs for d in shape)
-        if self.kv_mode == "shared" and self._buckets is None:
+        if self.kv_mode == "shared" and self._buckets is None and self._pool is None:
             self._bind_caches()  # the same buffers every call: bound once, not 2 x layers binds a call
         if self.device is not None:
             self._init_device()
@@ -227,6 +247,9 @@ class OrtPiece:
 
     def run(self, x: np.ndarray, start: int, keep: int = 1, tree: TreeMask | None = None,
             extra: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """One sequence's call in cache row 0 (the `Piece` protocol, backends/common.py)."""
+        if self._pool is not None:
+            return self._run_pool(x, [0], [start], keep, None if tree is None else [tree], extra)
         if self.device is not None:
             return self._run_device(x, start, keep, tree, extra)
         n = x.shape[1]
@@ -259,17 +282,38 @@ class OrtPiece:
                 arrays.reverse()
         return results
 
+    def run_rows(self, x: np.ndarray, rows: list[int], starts: list[int], keep: int = 1,
+                 trees: list[TreeMask | None] | None = None,
+                 extra: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Several sequences' calls as one: x is [k, n] ids or [k, n, hidden] states for cache rows `rows`, row
+        i's tokens at positions starts[i] .. starts[i] + n - 1; `trees`, per row, the token tree its tokens form
+        (None: a chain); `extra`, further [k, n, ...] inputs. Returns the non-cache outputs, [k, ...]. A row's
+        results are those of the same call alone (tests/test_batching.py)."""
+        if self._pool is None:
+            if rows != [0]:
+                raise SpecExportError(f"piece {self.name!r} holds one sequence's cache, not rows {rows}")
+            return self.run(x, starts[0], keep, trees[0] if trees else None, extra)
+        return self._run_pool(x, rows, starts, keep, trees, extra)
+
+    @property
+    def results(self) -> list[tuple[str, np.dtype, tuple]]:
+        """The non-cache outputs: name, dtype and shape (with the named axes batch, seq and kept)."""
+        return self._result_specs
+
     @property
     def moves_slots(self) -> bool:
         """Whether `move_slots` can run: the caches are host memory (a GPU provider's are not moved)."""
         return self.device is None
 
-    def move_slots(self, src: list[int], dst: list[int]) -> None:
-        """Copy every cache's entries at slots `src` to slots `dst` (a token tree's accepted branch laid out as
-        a chain). The cache the next call reads is the one moved: the only buffer in shared mode, the last
-        call's present in swap mode; a slot that is its own destination is left alone."""
+    def move_slots(self, src: list[int], dst: list[int], row: int = 0) -> None:
+        """Copy every cache's entries at slots `src` to slots `dst` in cache row `row` (a token tree's accepted
+        branch laid out as a chain). The cache the next call reads is the one moved: the only buffer in shared
+        mode, the last call's present in swap mode; a slot that is its own destination is left alone."""
         if self.device is not None:
             raise SpecExportError(f"piece {self.name!r} keeps its caches on {self.device}, where slots are not moved")
+        if self._pool is not None:
+            self._pool.move_slots(row, src, dst)
+            return
         moves = slot_moves(src, dst)
         if moves is None:
             return
@@ -277,6 +321,53 @@ class OrtPiece:
         for arrays, shape in zip(self._arrays, self._shapes, strict=True):
             cache = view(arrays[0], shape, self._buckets.size) if self._buckets is not None else arrays[0]
             cache[:, :, dst_idx] = cache[:, :, src_idx]  # the right side is a copy: overlapping slots are safe
+
+    # -- several sequences' rows at once (cache_rows.py) -----------------------------------------------------
+
+    def _run_pool(self, x: np.ndarray, rows: list[int], starts: list[int], keep: int,
+                  trees: list[TreeMask | None] | None, extra: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+        k, n = x.shape[:2]
+        end = max(starts) + n
+        if end > self.max_context:
+            raise RunError(f"piece {self.name!r}: a call of {n} tokens at position {max(starts)} runs past"
+                           f" the context of {self.max_context}")
+        width = bucket(end, self.max_context)
+        slots = np.asarray(starts, dtype=np.int64)[:, None] + np.arange(n, dtype=np.int64)[None, :]
+        positions = slots.copy()  # a tree's tokens take consecutive slots but sit at their depth's position
+        in_place = self._pool.in_place
+        bias_width = width if self._bias_width_is_cache or not in_place else end
+        bias = np.zeros((k, 1, n, bias_width), dtype=self.bias_input.dtype)
+        for i, tree in enumerate(trees or ()):
+            if tree is not None:  # the row's own tree, as one sequence's call takes it (common.py)
+                m = len(tree.depth)
+                positions[i, :m] = tree.base + tree.depth
+                bias[i, :, :m] = attention_bias(starts[i], m, bias_width, self.bias_input.dtype, tree)[0]
+        b = self.binding  # a name bound again replaces its binding: the caches stay bound while their rows do
+        b.bind_cpu_input(self.primary, np.ascontiguousarray(x))
+        for name, value in (extra or {}).items():
+            b.bind_cpu_input(name, np.ascontiguousarray(value))
+        b.bind_cpu_input("position_ids", positions)
+        b.bind_cpu_input("attention_bias", bias)
+        if "logits_to_keep" in self.input_names:
+            b.bind_cpu_input("logits_to_keep", np.array([keep], dtype=np.int64))
+        if in_place:
+            # each row's last new slot; causality is by slot, so a row sees only its own tokens and past
+            b.bind_cpu_input("seqlens_k", (slots[:, -1]).astype(np.int32))
+            b.bind_cpu_input("total_sequence_length", np.array(end, dtype=np.int32))
+        written = self._pool.bind(b, rows, width)
+        axes = {"batch": k, "seq": n, "kept": n if keep <= 0 else min(keep, n)}  # logits_to_keep's rows
+        results = {name: np.empty([axes.get(d, d) for d in shape], dtype=dtype)
+                   for name, dtype, shape in self._result_specs}
+        for name, array in results.items():
+            b.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(array))
+        try:
+            self.session.run_with_iobinding(b)
+        except Exception as exc:  # as in `run`
+            reason = " ".join(str(exc).split())
+            raise RunError(f"piece {self.name!r} failed on a batch of {k} row(s) x {n} token(s) at positions"
+                           f" from {min(starts)}: {reason}") from None
+        self._pool.write_back(written, rows, starts, n)
+        return results
 
     # -- on a GPU execution provider (ort_device.py) ---------------------------------------------------------
 

@@ -26,10 +26,10 @@ from collections.abc import Callable
 import numpy as np
 
 from ..drafters import Draft, Drafter
+from ..engine.cost import CallCost
 from ..policies import DraftPolicy, expected_tokens
 from ..sampling import SamplingParams
 from ..tree import tree_depth
-from .cost import CallCost
 
 
 class SharedDrafts:

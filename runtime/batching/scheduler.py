@@ -1,4 +1,5 @@
-"""`BatchScheduler`: many requests at once on one bundle, their calls of each piece run together (engine.py).
+"""`BatchScheduler`: many requests at once on one bundle: the decode engine (runtime/engine) with a cache row per
+request, their calls of each piece run together.
 
     scheduler = BatchScheduler(session, max_batch=4)      # or a bundle path
     request = scheduler.submit(prompt_ids, max_new_tokens=64, mode="auto")
@@ -9,7 +10,7 @@
         ...
 
 A request that holds a cache row runs a Session's own decoding loop (runtime/assemble.py: the same plan,
-drafters, policies, trees and verification) on a thread of its own, on views of its row of pooled pieces; the
+drafters, policies, trees and verification) on a thread of its own, on its views of the engine's pieces; the
 engine runs the rows' calls of a piece as one batched call. So every mode a Session runs runs batched, and a
 request gets exactly the tokens it would get alone from the bundle, whatever runs beside it, except PEARL's
 schedule, whose drafter runs beside the target on threads of its own and is refused. Between requests, free
@@ -26,28 +27,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-import onnxruntime as ort
 
 from ..assemble import decoder
-from ..backends.common import WrappedPiece
-from ..backends.ort import OrtPiece
 from ..bundle import Bundle, load_bundle
 from ..context import DecodeContext
 from ..decode import Pieces
 from ..drafters import LOOKUP_MAX_TOKENS
+from ..engine import Engine, SequenceClock, open_pieces, sequence_pieces
+from ..engine.calls import LONG_CALL
+from ..engine.cost import CallCost
+from ..engine.pieces import cpu_sessions
 from ..errors import RunError, SpecExportError
-from ..head import FeatureTap
 from ..options import Limits, OptionError, Options, make_options
 from ..plan import Capabilities, Plan, make_plan
+from ..row_padding import one_row_calls
 from ..sampling import SamplingParams
 from ..text import TextCodec, check_prompt_fits
 from ..tree import trees_in_full
-from .cost import CallCost
 from .drafts import SharedDrafts
-from .engine import LONG_CALL, Engine, SequenceClock, SequencePiece
 from .order import AdmissionQueue
 from .request import BatchRequest
-from .rows import BatchedPiece, check_batchable, pads_one_row_calls
 from .text import BatchTextStream
 
 if TYPE_CHECKING:
@@ -69,15 +68,6 @@ class StepCounts:
         self.max_rows = max(self.max_rows, rows)
 
 
-def opened_session(source, name: str) -> ort.InferenceSession | None:
-    """The ONNX Runtime session a Session opened for piece `name` on the CPU, which the scheduler shares
-    rather than loading the weights a second time; None for a bundle path, another backend or a device."""
-    piece = getattr(getattr(source, "pieces", None), name, None)
-    while isinstance(piece, WrappedPiece):  # the Session's padding and feature taps around the piece
-        piece = piece.piece
-    return piece.session if isinstance(piece, OrtPiece) and piece.device is None else None
-
-
 class BatchScheduler:
     def __init__(self, source: Session | str | Path, max_batch: int = 4, threads: int | None = None,
                  max_draft: int = LOOKUP_MAX_TOKENS, cost: CallCost | None = None) -> None:
@@ -85,29 +75,24 @@ class BatchScheduler:
         given."""
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise OptionError(f"max_batch must be a positive integer, not {max_batch!r}")
-        bundle: Bundle = load_bundle(source) if isinstance(source, (str, Path)) else source.bundle
-        attention = bundle.manifest.graph.attention
-        for name in bundle.pieces:
-            check_batchable(name, bundle.pieces[name], bundle.root, attention)
+        alone = isinstance(source, (str, Path))
+        bundle: Bundle = load_bundle(source) if alone else source.bundle
         self.bundle, self.max_batch, self.max_draft = bundle, max_batch, max_draft
-        self.codec = source.codec if not isinstance(source, (str, Path)) else TextCodec(bundle.root,
-                                                                                         bundle.manifest.tokenizer)
+        self.codec = TextCodec(bundle.root, bundle.manifest.tokenizer) if alone else source.codec
         self._defaults = dataclasses.asdict(bundle.manifest.generation)
         self._limits = Limits(bundle.max_context, bundle.max_context - 1)
-        pools = {name: BatchedPiece(name, bundle.piece_path(name), bundle.pieces[name], bundle.max_context,
-                                    max_batch, threads, opened_session(source, name), attention,
-                                    bundle.manifest.graph.matmul)
-                 for name in bundle.pieces}
+        # a Session's weights and its finding on one-row calls are shared: the bundle opens once
+        pools = open_pieces(bundle, "onnxruntime", None, threads, max_batch,
+                            None if alone else cpu_sessions(source.engine.pieces),
+                            None if alone else source.one_row_calls == "session")
         self.pieces = Pools(**pools)
-        pad = pads_one_row_calls(source, bundle, pools["shallow"], pools["deep"])
-        pools["shallow"].pad_one_row = pools["deep"].pad_one_row = pad
         self.cost = cost or self._measure_cost(pools["shallow"], pools["deep"])
-        self.engine = Engine(pools, self.cost, on_call=self._observe)
-        self._vocabs = {name: bundle.draft_vocab(name) for name in ("adapter", "drafter", "head")}
+        self.engine = Engine(pools, max_batch, self.cost, on_call=self._observe)
         template = self._pieces(0)
         # what the requests' loops read, auto's estimates and the cost models shared among them
         self.context = DecodeContext.of(template, bundle.root, bundle.max_context, bundle.manifest.precision,
-                                        bundle.manifest.speculative, trees_in_full(attention, template))
+                                        bundle.manifest.speculative,
+                                        trees_in_full(bundle.manifest.graph.attention, template))
         self._capabilities = Capabilities.of(self.context)
         self._tau: dict[str, float] = {}  # tokens per step lately, by mode: the admission order's guess
         self._step_s = 0.0  # a verification call's seconds lately
@@ -209,15 +194,7 @@ class BatchScheduler:
             request.end("cancelled")
 
     def _pieces(self, row: int, clock: SequenceClock | None = None) -> Pieces:
-        clock = clock or SequenceClock()
-
-        def view(name: str) -> SequencePiece | None:
-            return SequencePiece(self.engine, name, row, clock) if name in self.engine.pieces else None
-
-        head = view("head")
-        deep = FeatureTap(view("deep")) if head is not None else view("deep")  # the head drafts from deep's states
-        return Pieces(view("shallow"), deep, view("adapter"), view("drafter"), self._vocabs["adapter"],
-                      self._vocabs["drafter"], head, self._vocabs["head"], self.bundle.manifest.model.dims.vocab)
+        return sequence_pieces(self.engine.views(row, clock), self.bundle)
 
     def _serve(self, request: BatchRequest, row: int) -> None:
         """A request's whole decoding in cache row `row`, on this thread."""
@@ -266,14 +243,20 @@ class BatchScheduler:
         if self.on_step is not None:
             self.on_step(rows, seconds)
 
-    def _measure_cost(self, shallow: BatchedPiece, deep: BatchedPiece) -> CallCost:
+    @property
+    def one_row_calls(self) -> str:
+        """As Session.one_row_calls: how a one-token call of shallow and deep keeps verification's arithmetic."""
+        spec = self.bundle.pieces["deep"]
+        return one_row_calls(self.engine.pieces, spec.min_rows, spec.one_row_padding)
+
+    def _measure_cost(self, shallow, deep) -> CallCost:
         """Times batched shallow + deep calls in row slots nobody holds yet (rewritten before they are read)."""
         rows = list(range(self.max_batch))
         pos = max(0, min(128, self.bundle.max_context - LONG_CALL - 1))  # a typical short prompt's end
 
         def timed(b: int, n: int) -> None:
-            hidden = shallow.run(np.zeros((b, n), dtype=np.int64), rows[:b], [pos] * b)["hidden"]
-            deep.run(hidden, rows[:b], [pos] * b, keep=n)
+            hidden = shallow.run_rows(np.zeros((b, n), dtype=np.int64), rows[:b], [pos] * b)["hidden"]
+            deep.run_rows(hidden, rows[:b], [pos] * b, keep=n)
 
         return CallCost.measure(timed, self.max_batch, LONG_CALL)
 
@@ -284,10 +267,11 @@ class BatchScheduler:
 
 @dataclasses.dataclass
 class Pools:
-    """The scheduler's pooled pieces, a cache row per request (rows.py)."""
+    """The engine's pieces, a cache row per request (OrtPiece.run_rows), shallow and deep padded where one-row
+    calls need it (row_padding.py)."""
 
-    shallow: BatchedPiece
-    deep: BatchedPiece
-    adapter: BatchedPiece | None = None
-    drafter: BatchedPiece | None = None
-    head: BatchedPiece | None = None
+    shallow: object
+    deep: object
+    adapter: object | None = None
+    drafter: object | None = None
+    head: object | None = None

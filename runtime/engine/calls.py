@@ -1,17 +1,20 @@
-"""Many sequences' decoding loops on one set of pooled pieces, their calls of a piece merged into one batched call.
+"""The decode engine: sequences' decoding loops on one set of pieces with a cache row each, their calls of a piece
+merged into one batched call.
 
-Each sequence runs the very loop a Session runs for one request (`assemble.decoder`: every drafter, policy,
-tree and verification rule), on pieces that are views of one cache row each (`SequencePiece`). A view's call
-does not run at once: it waits until every sequence in the engine has a call waiting, and then the waiting
-calls of the earliest stage of a step (drafting pieces, then shallow, then deep) run, one batched call per
-piece with a row per sequence (rows.py). Every step ends with a deep call, so sequences meet there and verify
-together; a sequence whose step drafts while another's verifies lets the drafting run first. A sequence alone
-in the engine runs each call the moment it asks, on its own thread.
+Each sequence runs the one decoding loop (`assemble.decoder`: every drafter, policy, tree and verification rule)
+on its view of the pieces (`views`). An engine of one row is a Session's: its one sequence calls the pieces
+directly, there being nothing to merge (and PEARL's drafter may run beside the target). In an engine of several
+rows (the batch scheduler's) a view's call does not run at once: it waits until every sequence in the engine
+has a call waiting, and then the waiting calls of the earliest stage of a step (drafting pieces, then shallow,
+then deep) run, one batched call per piece with a row per sequence (`OrtPiece.run_rows`). Every step ends with
+a deep call, so sequences meet there and verify together; a sequence whose step drafts while another's verifies
+lets the drafting run first. A sequence alone in the engine runs each call the moment it asks, on its own
+thread.
 
-A row of a batched call is computed as the same row alone (rows.py), so each sequence's tokens are exactly
-those it would get alone, whatever runs beside it. Calls longer than LONG_CALL tokens (a joining sequence's
-prompt) run alone rather than pad every other row to their length, and the verification calls (shallow, deep)
-of unlike lengths are grouped as the measured cost of a batched call says pays best (cost.py).
+A row of a batched call is computed as the same row alone (backends/cache_rows.py), so each sequence's tokens
+are exactly those it would get alone, whatever runs beside it. Calls longer than LONG_CALL tokens (a joining
+sequence's prompt) run alone rather than pad every other row to their length, and the verification calls
+(shallow, deep) of unlike lengths are grouped as the measured cost of a batched call says pays best (cost.py).
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ import numpy as np
 from ..backends.common import TreeMask
 from ..errors import RunError, SpecExportError
 from .cost import CallCost, partition
-from .rows import BatchedPiece
 
 STAGES = {"drafter": 0, "adapter": 0, "head": 0, "shallow": 1, "deep": 2}  # a step calls them in this order
 VERIFYING = ("shallow", "deep")  # the pieces whose calls `cost` prices
@@ -60,13 +62,13 @@ class Call:
 
 
 class Engine:
-    """The pooled pieces and the rendezvous of the sequences that call them. `cost` prices a batched shallow +
-    deep call (None: merge every verification call into one); `on_call(piece, rows, seconds)` is called after
-    each batched call, on the thread that ran it."""
+    """The pieces, with `rows` cache rows each (`run_rows`), and the rendezvous of the sequences that call them.
+    `cost` prices a batched shallow + deep call (None: merge every verification call into one);
+    `on_call(piece, rows, seconds)` is called after each batched call, on the thread that ran it."""
 
-    def __init__(self, pieces: dict[str, BatchedPiece], cost: CallCost | None = None,
+    def __init__(self, pieces: dict, rows: int = 1, cost: CallCost | None = None,
                  on_call: Callable[[str, int, float], None] | None = None) -> None:
-        self.pieces, self.cost, self.on_call = pieces, cost, on_call
+        self.pieces, self.rows, self.cost, self.on_call = pieces, rows, cost, on_call
         self._cond = threading.Condition()
         self._live = 0  # sequences in the engine: each either computes on its own thread or has a call waiting
         self._waiting: list[Call] = []
@@ -76,6 +78,14 @@ class Engine:
     @property
     def live(self) -> int:
         return self._live
+
+    def views(self, row: int, clock: SequenceClock | None = None) -> dict:
+        """The sequence in cache row `row`'s pieces: in an engine of one row, the pieces themselves; else views
+        whose calls meet the other sequences' here (SequencePiece), timed by `clock`."""
+        if self.rows == 1:
+            return dict(self.pieces)
+        clock = clock or SequenceClock()
+        return {name: SequencePiece(self, name, row, clock) for name in self.pieces}
 
     def join(self) -> None:
         with self._cond:
@@ -116,8 +126,8 @@ class Engine:
         try:
             t0 = time.perf_counter()
             piece = self.pieces[call.piece]
-            result = piece.run(call.x, [call.row], [call.start], call.keep, None if call.tree is None else [call.tree],
-                               call.extra)
+            result = piece.run_rows(call.x, [call.row], [call.start], call.keep,
+                                    None if call.tree is None else [call.tree], call.extra)
             call.charged_s = time.perf_counter() - t0
             if self.on_call is not None:
                 self.on_call(call.piece, 1, call.charged_s)
@@ -199,7 +209,7 @@ class Engine:
         x = np.stack([padded(c.x) for c in calls])
         extra = {name: np.stack([padded(c.extra[name]) for c in calls]) for name in calls[0].extra or {}}
         trees = [c.tree for c in calls] if any(c.tree is not None for c in calls) else None
-        out = piece.run(x, [c.row for c in calls], [c.start for c in calls], keep, trees, extra or None)
+        out = piece.run_rows(x, [c.row for c in calls], [c.start for c in calls], keep, trees, extra or None)
         axes = {name: shape[1] if len(shape) > 1 else None for name, _, shape in piece.results}
         mine = []
         for i, c in enumerate(calls):
@@ -230,15 +240,14 @@ class SequenceClock:
 
 
 class SequencePiece:
-    """One sequence's view of a pooled piece: the one-sequence `run` of runtime/backends/common.Piece, in cache
-    row `row`, through the engine."""
-
-    moves_slots = True  # the pools are host memory
+    """One sequence's view of a piece of an engine of several rows: the one-sequence `run` of
+    runtime/backends/common.Piece, in cache row `row`, through the engine."""
 
     def __init__(self, engine: Engine, name: str, row: int, clock: SequenceClock) -> None:
         self.engine, self.name, self.row, self.clock = engine, name, row, clock
         self.pooled = engine.pieces[name]
         self.input_names = self.pooled.input_names
+        self.moves_slots = self.pooled.moves_slots
 
     def run(self, x: np.ndarray, start: int, keep: int = 1, tree: TreeMask | None = None,
             extra: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
@@ -253,5 +262,5 @@ class SequencePiece:
 
     def move_slots(self, src: list[int], dst: list[int]) -> None:
         # the row is this sequence's alone and no call of it is running: no need to wait for the others
-        self.pooled.move_slots(self.row, src, dst)
+        self.pooled.move_slots(src, dst, self.row)
 
