@@ -189,6 +189,41 @@ class Copier:
         pass
 
 
+class Grower:
+    """A drafter that, as a token tree's, offers a tree of five tokens whatever the budget."""
+
+    name = "tree"
+    parents = (-1, 0, 1, 0, 3, 1)  # of [history[-1], *tokens]: two branches from the root
+
+    def start(self, prompt, hidden) -> None:
+        pass
+
+    def propose(self, history, budget, policy, params, rng) -> Draft:
+        return Draft([7, 8, 9, 10, 11], parents=list(self.parents))
+
+    def advance(self, hidden, pos, final) -> None:
+        pass
+
+
+def test_a_probe_of_a_tree_is_one_token_and_a_tree_that_pays_is_whole():
+    """Sharing, a tree's probe verifies one token (its first branch's first), not the whole tree that pads every
+    sharer's call; a tree that pays for its rows is verified whole; alone, the tree is the drafter's."""
+    from specexport.runtime.batching.drafts import SharedDrafts
+    from specexport.runtime.sampling import SamplingParams
+
+    rows = [4]
+    drafts = SharedDrafts(Grower(), CallCost(20e-3, 0.0, 5e-4), lambda: rows[0], lambda: 0.0, prior=0.3)
+    greedy = SamplingParams()
+    steps = [drafts.propose([1, 2], 3, None, greedy, None) for _ in range(33)]
+    assert [d.tokens for d in steps[:32]] == [[]] * 32  # plain steps while drafts do not pay
+    assert steps[32].tokens == [7] and steps[32].parents is None and drafts.drafted == 1  # the probe
+    drafts.alpha = 0.999
+    whole = drafts.propose([1, 2], 3, None, greedy, None)
+    assert whole.tokens == [7, 8, 9, 10, 11] and whole.parents == list(Grower.parents)
+    rows[0] = 1
+    assert drafts.propose([1, 2], 3, None, greedy, None).parents == list(Grower.parents)
+
+
 def test_shared_draft_counts_follow_the_load_and_the_acceptance():
     """Alone, a request drafts as its drafter says; sharing calls where a padded position costs four tokens, it
     drafts nothing while its drafts are seldom accepted (probing one now and then), and more as they are

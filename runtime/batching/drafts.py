@@ -15,8 +15,8 @@ drafting seconds per draft token as its own clock measures them (the others' wai
 (k = 0) costs even + per_token. After `probe_every` x b plain steps in a row one step drafts a single token, or
 alpha would never be judged again; a probe pads or splits the call every sharing request is in, so the interval
 grows with b and the load probes about once per `probe_every` rounds, however many requests share them. A
-token tree is verified whole or not at all (its shape sizes it); a chain of prompt lookup's, which takes no
-budget of its own, is cut to k.
+token tree is verified whole or not at all (its shape sizes it), but a probe is one token, its first branch's
+first; a chain of prompt lookup's, which takes no budget of its own, is cut to k.
 """
 
 from __future__ import annotations
@@ -61,16 +61,18 @@ class SharedDrafts:
     def propose(self, history: list[int], budget: int, policy: DraftPolicy, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
         rows = self.sharing()
+        probe = False
         if rows > 1:
             k = self.best(budget, rows)
             self.idle = self.idle + 1 if k == 0 else 0
             if k == 0 and self.idle <= self.probe_every * rows:
                 self.drafted = 0
                 return Draft([])
-            budget = max(k, 1)
+            probe, budget = k == 0, max(k, 1)
         t0 = self.clock()
         draft = self.drafter.propose(history, budget, policy, params, rng)
-        if draft.parents is None and len(draft.tokens) > budget and rows > 1:
+        if rows > 1 and len(draft.tokens) > budget and (draft.parents is None or probe):
+            # a tree's first token in topological order is a child of its root: the probe's one-token chain
             cut = draft.hidden[:, :budget + 1] if draft.hidden is not None else None
             draft = Draft(draft.tokens[:budget], draft.qs[:budget] if draft.qs else draft.qs, cut, draft.catchup_s)
         if draft.tokens:
