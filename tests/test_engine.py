@@ -236,14 +236,28 @@ def test_shared_draft_counts_follow_the_load_and_the_acceptance():
     greedy = SamplingParams()
     assert len(drafts.propose([1, 2], 3, None, greedy, None).tokens) == 10  # alone: untouched
     rows[0] = 4
-    counts = [len(drafts.propose([1, 2], 3, None, greedy, None).tokens) for _ in range(33)]
-    assert counts[:32] == [0] * 32 and counts[32] == 1  # plain steps, then a probe of one token: 8 x 4 sharing
-    for _ in range(40):  # every probe accepted: alpha climbs, and so does the count
-        drafts.propose([1, 2], 3, None, greedy, None)
+    counts = []
+    for _ in range(1000):  # every probe rejected
+        counts.append(len(drafts.propose([1, 2], 3, None, greedy, None).tokens))
+        drafts.advance(None, 0, 1)
+    probes = [i for i, n in enumerate(counts) if n]
+    assert set(counts) == {0, 1} and probes[0] == 32  # plain steps, then a probe of one token: after 8 x 4 sharing
+    # each probe doubles the wait before the next, up to 64 x 4, where a probe every step would cost the sharers
+    assert np.diff(probes).tolist() == [65, 129, 257, 257, 257]
+    counts = []
+    for _ in range(2000):  # every probe accepted: alpha climbs, and so does the count
+        counts.append(len(drafts.propose([1, 2], 3, None, greedy, None).tokens))
         drafts.advance(None, 0, drafts.drafted + 1)
-    assert len(drafts.propose([1, 2], 3, None, greedy, None).tokens) == 3  # up to the budget, cut from ten
+    assert counts[-1] == 3 and max(counts) == 3  # up to the budget, cut from ten
+    assert drafts.probe_every == 8  # drafts that pay reset the interval
     drafts.cost = CallCost(3e-3, 4e-4, 1.6e-3)  # int4's: padding three rows for a draft costs more than it earns,
     drafts.alpha = 0.6  # and so does a call of its own, unless nearly every draft is accepted
     assert drafts.best(3, 4) == 0
     drafts.alpha = 0.999
     assert drafts.best(3, 4) == 3
+    drafts.cost = CallCost(3e-3, 1e-4, 1.14e-3)  # measured at int4 on the 2-core CPU: at four rows drafts pay only
+    drafts.alpha, drafts.idle = 0.5, 0  # above 90% acceptance,
+    assert drafts.best(3, 4, 0.9) == 0 and drafts.best(3, 4, 0.999) == 3
+    assert not any(drafts.propose([1, 2], 3, None, greedy, None).tokens for _ in range(1000))  # so none is probed
+    rows[0] = 2  # at two rows drafts accepted nine times in ten would pay: probed again at once
+    assert drafts.best(3, 2, 0.9) > 0 and len(drafts.propose([1, 2], 3, None, greedy, None).tokens) == 1

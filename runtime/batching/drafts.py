@@ -12,10 +12,16 @@ in 0..its budget with the most expected tokens per second of its own:
 
 for b requests sharing, even = (fixed + per_row * b) / b, alpha its running per-draft acceptance, and d its
 drafting seconds per draft token as its own clock measures them (the others' waiting included); a plain step
-(k = 0) costs even + per_token. After `probe_every` x b plain steps in a row one step drafts a single token, or
-alpha would never be judged again; a probe pads or splits the call every sharing request is in, so the interval
-grows with b and the load probes about once per `probe_every` rounds, however many requests share them. A
-token tree is verified whole or not at all (its shape sizes it), but a probe is one token, its first branch's
+(k = 0) costs even + per_token.
+
+After `probe_every` x b plain steps in a row one step drafts a single token, or alpha would never be judged
+again. A probe pads or splits the call every sharing request is in, and a drafter catching up keeps them waiting,
+so the interval grows with b (the load probes about once per `probe_every` rounds, however many requests share
+them), each probe doubles it, up to `max_probe_every`, and drafts that pay reset it. Where drafts would pay only
+at an acceptance above `probe_alpha` (at four int4 rows on a 2-core CPU, above 0.9), nothing is probed: no
+drafter here is accepted that often for long, and each probe costs every sharer.
+
+A token tree is verified whole or not at all (its shape sizes it), but a probe is one token, its first branch's
 first; a chain of prompt lookup's, which takes no budget of its own, is cut to k.
 """
 
@@ -37,10 +43,12 @@ class SharedDrafts:
     request is alone in the engine."""
 
     def __init__(self, drafter: Drafter, cost: CallCost, sharing: Callable[[], int], clock: Callable[[], float],
-                 prior: float = 0.5, weight: float = 0.05, probe_every: int = 8) -> None:
+                 prior: float = 0.5, weight: float = 0.05, probe_every: int = 8, max_probe_every: int = 64,
+                 probe_alpha: float = 0.9) -> None:
         self.drafter, self.cost, self.sharing, self.clock = drafter, cost, sharing, clock
         self.name = drafter.name
-        self.alpha, self.weight, self.probe_every = prior, weight, probe_every
+        self.alpha, self.weight, self.probe_alpha = prior, weight, probe_alpha
+        self.probe_every, self.min_probe_every, self.max_probe_every = probe_every, probe_every, max_probe_every
         self.draft_s = 0.0  # seconds per draft token, a running average
         self.idle = 0
         self.drafted = 0
@@ -48,9 +56,10 @@ class SharedDrafts:
     def start(self, prompt: list[int], hidden: np.ndarray) -> None:
         self.drafter.start(prompt, hidden)
 
-    def best(self, budget: int, rows: int) -> int:
+    def best(self, budget: int, rows: int, alpha: float | None = None) -> int:
+        """The draft count with the most expected tokens per second at acceptance `alpha` (None: the running one)."""
         c = self.cost
-        a = min(self.alpha, 0.999)
+        a = min(self.alpha if alpha is None else alpha, 0.999)
 
         def seconds(k: int) -> float:
             padded = c.charges([1] * (rows - 1) + [1 + k])[-1]  # beside the others' one-token rows
@@ -64,11 +73,17 @@ class SharedDrafts:
         probe = False
         if rows > 1:
             k = self.best(budget, rows)
-            self.idle = self.idle + 1 if k == 0 else 0
-            if k == 0 and self.idle <= self.probe_every * rows:
-                self.drafted = 0
-                return Draft([])
-            probe, budget = k == 0, max(k, 1)
+            probe = k == 0
+            if probe:
+                self.idle += 1
+                if self.idle <= self.probe_every * rows or self.best(budget, rows, self.probe_alpha) == 0:
+                    self.drafted = 0
+                    return Draft([])
+                # if drafts still do not pay at the next probe, it will have come twice as late
+                self.idle, self.probe_every = 0, min(2 * self.probe_every, self.max_probe_every)
+            else:
+                self.idle, self.probe_every = 0, self.min_probe_every
+            budget = max(k, 1)
         t0 = self.clock()
         draft = self.drafter.propose(history, budget, policy, params, rng)
         if rows > 1 and len(draft.tokens) > budget and (draft.parents is None or probe):
