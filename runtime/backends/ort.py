@@ -162,8 +162,7 @@ class OrtPiece:
                                       " run several at once on the CPU provider")
             check_poolable(name, spec, Path(path).parent, attention)
             self._pool = CacheRows(spec, max_context, rows)
-            bias = self.bias_input
-            self._bias_width_is_cache = bias.shape[-1] == "cache_len"
+            self._bias_width_is_cache = self.bias_input.shape[-1] == "cache_len"
         # on the host: flat buffers for the full context, bound a bucket at a time (buckets.py)
         self._buckets = (CacheBuckets(max_context) if self.device is None and self._pool is None
                          and dynamic_cache_len(self.inputs) else None)

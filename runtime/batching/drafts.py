@@ -18,7 +18,7 @@ After `probe_every` x b plain steps in a row one step drafts a single token, or 
 again. A probe pads or splits the call every sharing request is in, and a drafter catching up keeps them waiting,
 so the interval grows with b (the load probes about once per `probe_every` rounds, however many requests share
 them), each probe doubles it, up to `max_probe_every`, and drafts that pay reset it. Where drafts would pay only
-at an acceptance above `probe_alpha` (at four int4 rows on a 2-core CPU, above 0.9), nothing is probed: no
+at an acceptance above `probe_alpha` (at four int4 rows on a 2-core CPU, above 0.975), nothing is probed: no
 drafter here is accepted that often for long, and each probe costs every sharer.
 
 A token tree is verified whole or not at all (its shape sizes it), but a probe is one token, its first branch's
