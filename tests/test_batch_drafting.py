@@ -1,4 +1,4 @@
-"""The batched scheduler runs every mode a Session runs (runtime/batching/engine.py): the drafter piece's chains
+"""The batched scheduler runs every mode a Session runs (runtime/engine/calls.py): the drafter piece's chains
 and trees, the adapter's early exit, hier, the draft-length policies and auto, each request in cache rows of
 its own beside the others, its calls merged with theirs; every request's tokens are still its AR output."""
 
