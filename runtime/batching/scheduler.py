@@ -85,7 +85,6 @@ class BatchScheduler:
         pools = open_pieces(bundle, "onnxruntime", None, threads, max_batch,
                             None if alone else cpu_sessions(source.engine.pieces),
                             None if alone else source.one_row_calls == "session")
-        self.pieces = Pools(**pools)
         self.cost = cost or self._measure_cost(pools["shallow"], pools["deep"])
         self.engine = Engine(pools, max_batch, self.cost, on_call=self._observe)
         template = self._pieces(0)
@@ -242,6 +241,11 @@ class BatchScheduler:
         self._step_s = seconds if not self._step_s else 0.9 * self._step_s + 0.1 * seconds
         if self.on_step is not None:
             self.on_step(rows, seconds)
+
+    @property
+    def pieces(self) -> Pools:
+        """The engine's pieces by name (what `engine.pieces` holds, as attributes)."""
+        return Pools(**self.engine.pieces)
 
     @property
     def one_row_calls(self) -> str:

@@ -30,12 +30,10 @@ def open_pieces(bundle: Bundle, backend: str = "onnxruntime", providers: list[st
     if backend == "onnxruntime":
         from ..backends.ort import OrtPiece
 
-        if attention == "rowwise" and attention_op.load_error() is not None:
-            raise SpecExportError(f"bundle {bundle.root}'s pieces use specexport's row-invariant attention operator,"
-                                  f" but {attention_op.load_error()}")
-        if matmul == "rowwise" and attention_op.load_error() is not None:
-            raise SpecExportError(f"bundle {bundle.root}'s pieces use specexport's row-invariant matmul operator,"
-                                  f" but {attention_op.load_error()}")
+        for op, choice in (("attention", attention), ("matmul", matmul)):
+            if choice == "rowwise" and attention_op.load_error() is not None:
+                raise SpecExportError(f"bundle {bundle.root}'s pieces use specexport's row-invariant {op} operator,"
+                                      f" but {attention_op.load_error()}")
         gpu = [p for p in providers or [] if p != "CPUExecutionProvider"]
         if attention == "rowwise" and gpu:
             raise SpecExportError(f"bundle {bundle.root}'s attention is specexport's CPU operator, which {gpu[0]}"
