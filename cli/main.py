@@ -182,7 +182,15 @@ def train_adapter_cmd(out, recipe, model, exit_layer, arch, steps, lr, prompt_li
               " 128).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the self-written requests.")
 @click.option("--threads", type=int, default=None, help="Torch threads on the CPU (default: all cores).")
-def distill_cmd(tokens, recipe, model, device, batch_size, max_new_tokens, seed, threads) -> None:
+@click.option("--minutes", type=float, default=None, help="Stop after this many minutes, keeping every finished"
+              " response; the same command goes on from there.")
+@click.option("--pack", type=click.Path(path_type=Path), default=None, help="Also write the corpus reached, packed"
+              " and compressed, to this file (what a recipe's [corpus] commits); prints its sha256.")
+@click.option("--held-out", "held_out", multiple=True, type=click.Path(path_type=Path),
+              help="An evaluation set (jsonl with \"turns\", such as Spec-Bench's question.jsonl) the prompts are"
+              " checked against; repeatable. Default: the shipped bench prompts.")
+def distill_cmd(tokens, recipe, model, device, batch_size, max_new_tokens, seed, threads, minutes, pack,
+                held_out) -> None:
     """Self-distillation data of a chosen size: the target's greedy responses to the shipped training prompts
     (never Spec-Bench), then to requests it writes itself (Magpie: sampled after its chat template's user-turn
     prefix, deduplicated), until the responses hold --tokens tokens. Cached and resumable; a re-run with the
@@ -192,12 +200,30 @@ def distill_cmd(tokens, recipe, model, device, batch_size, max_new_tokens, seed,
     except ImportError as exc:
         raise SpecExportError(f"distillation needs the exporter extra ({exc.name} is missing); install it with"
                               " `pip install 'specexport[export]'`") from None
-    report = distill_command(tokens, recipe=recipe, model=model, device=device, batch_size=batch_size,
-                             max_new_tokens=max_new_tokens, seed=seed, threads=threads)
+    try:
+        report = distill_command(tokens, recipe=recipe, model=model, device=device, batch_size=batch_size,
+                                 max_new_tokens=max_new_tokens, seed=seed, threads=threads, minutes=minutes,
+                                 pack=pack)
+    except KeyboardInterrupt:
+        click.echo("stopped: every finished response is kept; run the same command again to go on", err=True)
+        sys.exit(130)
     now = (f"{report.new_tokens} generated now at {report.tokens_per_second:.1f} tok/s, up to {report.max_rows}"
-           " sequences a call" if report.new_tokens else "nothing new generated")
+           " sequences at once" if report.new_tokens else "nothing new generated")
+    left = f"; stopped after {minutes:g} minutes, the same command goes on" if report.stopped else ""
     click.echo(f"{report.shipped_dir} and {report.magpie_dir}: {report.sequences} sequences, {report.response_tokens}"
-               f" response tokens ({now})")
+               f" response tokens ({now}){left}")
+    from ..exporter.recipe import recipes_dir
+    from ..exporter.training.corpus import held_out_texts, prompt_texts
+    from ..exporter.training.distill.diversity import diversity, overlapping
+
+    texts = prompt_texts(report.checkpoint, report.target_sha, report.settings)
+    evaluation = held_out_texts(list(held_out) or [recipes_dir() / "data" / "bench_prompts.jsonl"])
+    click.echo(f"prompts: {diversity(texts).line()}; {len(overlapping(texts, evaluation))} near an evaluation"
+               f" prompt (of {len(evaluation)})")
+    if report.packed is not None:
+        p = report.packed
+        click.echo(f"packed into {pack} ({pack.stat().st_size / 1e6:.1f} MB): {p['sequences']} sequences,"
+                   f" {p['response_tokens']} response tokens, sha256 {p['sha256']}")
 
 
 @main.command("train-drafter")

@@ -139,7 +139,7 @@ def test_the_command(tiny_checkpoint, tmp_path):
     out = distill(*model, "--tokens", "40", "--max-new-tokens", "4", "--batch-size", "64", "--threads", "1",
                   cache=tmp_path)
     assert out.returncode == 0, out.stderr
-    assert "256 sequences" in out.stdout and "tok/s, up to 64 sequences a call" in out.stdout, out.stdout
+    assert "256 sequences" in out.stdout and "tok/s, up to 64 sequences at once" in out.stdout, out.stdout
     assert "response tokens" in out.stderr  # the progress bar
     # the process's contract (exit code, progress bar on stderr) is checked above; the rest in this process
     again = distill_here(*model, "--tokens", "40", "--max-new-tokens", "4", "--batch-size", "64", cache=tmp_path)
@@ -153,3 +153,58 @@ def test_the_command(tiny_checkpoint, tmp_path):
     if not torch.cuda.is_available():
         assert_one_sentence_error(distill_here(*model, "--tokens", "10", "--device", "cuda", cache=tmp_path),
                                   "--device cuda asked for a GPU")
+
+
+def test_a_stopped_run_keeps_its_finished_responses(setup, tmp_path, monkeypatch):
+    """Stopped mid-call (the time budget; Ctrl-C takes the same path), a run leaves the responses it finished
+    in the shard's partial file, and the next run answers only the rest."""
+    from specexport.exporter.training import corpus
+
+    checkpoint, sha, shared, _ = setup
+    settings = CorpusSettings(**{**shared.__dict__, "round_size": 32})  # two batches of 16 a round
+    monkeypatch.setenv("SPECEXPORT_CACHE", str(tmp_path))
+    steps = {"n": 0}
+    real_count = corpus._Generator._count
+
+    def count(self, made, bar):  # called once a decode step
+        real_count(self, made, bar)
+        steps["n"] += 1
+
+    monkeypatch.setattr(corpus._Generator, "_count", count)
+    # the shipped prompts take a step and 7 more; the round's first 16 answers 8 more; then the budget ends
+    monkeypatch.setattr(corpus._Generator, "out_of_time", lambda self: steps["n"] >= 20)
+    stopped = build_corpus(checkpoint, sha, GOAL, settings, batch_size=16, threads=1, progress=False, minutes=5)
+    _, magpie = corpus_dirs(sha, settings)
+    shard = magpie / "shard_00000.npz"
+    assert stopped.stopped and not shard.exists()
+    partial = corpus._read_partial(shard)
+    assert 0 < len(partial) < settings.round_size
+    monkeypatch.setattr(corpus._Generator, "out_of_time", lambda self: False)
+    resumed = build_corpus(checkpoint, sha, GOAL, settings, batch_size=16, threads=1, progress=False)
+    assert resumed.response_tokens >= GOAL and not corpus._partial_path(shard).exists()
+    with np.load(shard) as data:
+        tokens, offsets, plens = data["tokens"], data["offsets"], data["prompt_lens"]
+    for row, resp in partial.items():  # the kept answers are in the shard as they were
+        assert resp == tokens[offsets[row] + plens[row]:offsets[row + 1]].tolist()
+    # and were not made again: this run made the Magpie shards' tokens less the kept ones
+    made = sum(corpus._response_tokens(p) for p in magpie.glob("shard_*.npz"))
+    assert resumed.new_tokens == made - sum(map(len, partial.values()))
+
+
+def test_the_corpus_packs_and_unpacks_into_an_empty_cache(setup, tmp_path, monkeypatch):
+    from specexport.exporter.training.corpus import pack_corpus, read_shards, unpack_corpus
+    from specexport.runtime.errors import SpecExportError
+
+    checkpoint, sha, settings, first = setup
+    summary = pack_corpus(tmp_path / "corpus.npz", sha, settings)
+    assert summary["response_tokens"] >= first.response_tokens and len(summary["sha256"]) == 64
+    monkeypatch.setenv("SPECEXPORT_CACHE", str(tmp_path / "empty-cache"))
+    restored = build_corpus(checkpoint, sha, GOAL, settings, batch_size=16, threads=1, progress=False,
+                            packed=(tmp_path / "corpus.npz", summary["sha256"]))
+    assert restored.new_tokens == 0 and restored.generate_calls == 0  # nothing generated again
+    assert [(s.tolist(), p) for s, p in read_shards(restored.shards)] == \
+        [(s.tolist(), p) for s, p in read_shards(first.shards)]
+    with pytest.raises(SpecExportError, match="does not match the sha256"):
+        unpack_corpus(tmp_path / "corpus.npz", sha, settings, "0" * 64)
+    with pytest.raises(SpecExportError, match="made for another target"):
+        unpack_corpus(tmp_path / "corpus.npz", "f" * 64, settings)

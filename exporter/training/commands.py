@@ -95,7 +95,7 @@ def train_head_command(out: Path, recipe: str | None = None, model: str | None =
                        **overrides) -> dict:
     """Self-distils a corpus of `tokens` response tokens (cached; `specexport distill` makes the same one) and
     trains the draft head on it; settings: [head.train], then the options given."""
-    from .corpus import CorpusSettings, corpus_sequences
+    from .corpus import CorpusSettings, corpus_sequences, recipe_corpus
     from .fit_head import train_head
 
     cfg = load_recipe(recipe)
@@ -109,8 +109,9 @@ def train_head_command(out: Path, recipe: str | None = None, model: str | None =
     device = resolve_device(settings.get("device"))
     source = _target(cfg, model)
     data = CorpusSettings(max_new_tokens=int(cfg.get("adapter", {}).get("train", {}).get("max_new_tokens", 128)))
+    packed = recipe_corpus(cfg, Path(cfg["path"]).parent) if model is None else None
     sequences = corpus_sequences(source.checkpoint, source.origin_sha256, tokens, data, device=device,
-                                 batch_size=settings.get("batch_size"))
+                                 batch_size=settings.get("batch_size"), packed=packed)
     torch_model, _ = model_source.load_model(source.checkpoint)
     described = (f"{len(sequences)} distilled responses ({sum(len(s) - p for s, p in sequences)} response tokens:"
                  " the shipped training prompts, then requests the target wrote itself)")

@@ -40,6 +40,8 @@ from ...runtime.errors import SpecExportError
 from ...runtime.options import OptionError
 from ...runtime.paths import cache_dir
 
+CPU_SLOTS = 128  # sequences decoded together on the CPU: GEMMs of 128 rows run near the cores' peak
+KEEP_SECONDS = 120.0  # the longest stretch of finished responses a kill (not a Ctrl-C) can lose
 SHIPPED_SHARD = 256  # distill_data.generate_responses' shard size: its directories and ours are one
 REQUESTS_GLOB = "requests_*.npz"
 MAGPIE_META = "meta.json"
@@ -79,6 +81,11 @@ class CorpusReport:
     generate_calls: int = 0  # generate calls of this call (responses and requests)
     max_rows: int = 0  # the most rows one generate call ran
     shards: list[Path] = field(default_factory=list)  # the shards reaching the goal, in corpus order
+    stopped: bool = False  # the time budget ran out before the goal
+    checkpoint: Path | None = None
+    target_sha: str = ""
+    settings: CorpusSettings | None = None
+    packed: dict | None = None  # what distill_command's pack wrote (its sha256, sequences, response tokens)
 
     @property
     def tokens_per_second(self) -> float:
@@ -116,7 +123,8 @@ def _normal(text: str) -> str:
 class _Generator:
     """The target on its device and the batched generate calls, counted."""
 
-    def __init__(self, checkpoint: Path, device, threads: int | None, report: CorpusReport):
+    def __init__(self, checkpoint: Path, device, threads: int | None, report: CorpusReport, slots: int,
+                 deadline: float | None = None):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -132,6 +140,13 @@ class _Generator:
         pad = self.tokenizer.pad_token_id
         self.pad = pad if pad is not None else min(self.eos)
         self.report = report
+        self.deadline = deadline
+        # on the CPU, a decode loop of our own runs near the GEMM rate; generate's per-step overhead dominates
+        self.fast = None
+        if not self.dev.is_cuda:
+            from .distill.target import BatchedTarget
+
+            self.fast = BatchedTarget(self.model, self.eos, slots)
         marker = "\u2063QUERY\u2063"
         before, after = chat_text(self.tokenizer, marker).split(marker)
         self.before = self.encode(before)
@@ -160,29 +175,61 @@ class _Generator:
         self.report.max_rows = max(self.report.max_rows, len(rows))
         return [_cut_after_eos(row, self.eos) for row in out[:, width:].cpu().tolist()]
 
-    def respond(self, prompts: list[list[int]], batch_size: int, max_new_tokens: int, bar) -> list[list[int]]:
-        """The greedy response to every prompt, in the prompts' order; similar lengths share a call."""
-        order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
-        responses: list[list[int]] = [[] for _ in prompts]
-        for b in range(0, len(order), batch_size):
-            rows = order[b:b + batch_size]
-            for i, resp in zip(rows, self.generate([prompts[i] for i in rows], max_new_tokens, do_sample=False),
-                               strict=True):
-                responses[i] = resp
-                self.report.new_tokens += len(resp)
-                bar.update(len(resp))
-            elapsed = time.perf_counter() - self.start
-            bar.set_postfix(tok_s=f"{self.report.new_tokens / max(elapsed, 1e-9):.0f}", refresh=False)
-        return responses
+    def out_of_time(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def _count(self, made: int, bar) -> None:
+        self.report.new_tokens += made
+        bar.update(made)
+        elapsed = time.perf_counter() - self.start
+        bar.set_postfix(tok_s=f"{self.report.new_tokens / max(elapsed, 1e-9):.0f}", refresh=False)
+
+    def respond(self, prompts: list[list[int]], batch_size: int, max_new_tokens: int, bar,
+                known: dict[int, list[int]], keep) -> list[list[int]]:
+        """The greedy response to every prompt, in the prompts' order: `known` ones are not made again, and
+        `keep(done)` is called with every response finished so far at least every KEEP_SECONDS and when the
+        call is cut short (Ctrl-C, or the time budget: then Stopped is raised)."""
+        from .distill.target import Stopped
+
+        done = dict(known)
+        todo = {i: p for i, p in enumerate(prompts) if i not in done}
+        kept = time.monotonic()
+
+        def finished(i: int, resp: list[int]) -> None:
+            nonlocal kept
+            done[i] = resp
+            if time.monotonic() - kept > KEEP_SECONDS:
+                keep(done)
+                kept = time.monotonic()
+
+        try:
+            if self.fast is not None:
+                self.report.generate_calls += 1
+                self.report.max_rows = max(self.report.max_rows, min(len(todo), self.fast.slots))
+                self.fast.answer(todo, max_new_tokens, finished, self.out_of_time, lambda n: self._count(n, bar))
+            else:
+                order = sorted(todo, key=lambda i: (len(todo[i]), i))
+                for b in range(0, len(order), batch_size):
+                    if self.out_of_time():
+                        raise Stopped
+                    rows = order[b:b + batch_size]
+                    out = self.generate([todo[i] for i in rows], max_new_tokens, do_sample=False)
+                    for i, resp in zip(rows, out, strict=True):
+                        finished(i, resp)
+                    self._count(sum(map(len, out)), bar)
+        except (Stopped, KeyboardInterrupt):
+            keep(done)
+            raise
+        return [done[i] for i in range(len(prompts))]
 
 
-def _write_requests(path: Path, requests: list[list[int]], calls_end: int) -> None:
+def _write_requests(path: Path, requests: list[list[int]], calls_end: int, **extra: np.ndarray) -> None:
     offsets = np.zeros(len(requests) + 1, dtype=np.int64)
     np.cumsum([len(q) for q in requests], out=offsets[1:])
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as fh:
         np.savez(fh, tokens=np.fromiter((t for q in requests for t in q), dtype=np.int32, count=int(offsets[-1])),
-                 offsets=offsets, calls_end=np.int64(calls_end))
+                 offsets=offsets, calls_end=np.int64(calls_end), **extra)
     os.replace(tmp, path)
 
 
@@ -206,14 +253,18 @@ def _check_magpie_meta(directory: Path, meta: dict) -> None:
 
 def build_corpus(checkpoint: str | Path, target_sha: str, tokens: int, settings: CorpusSettings | None = None, *,
                  batch_size: int | None = None, threads: int | None = None, device: Any = "auto",
-                 progress: bool = True) -> CorpusReport:
+                 progress: bool = True, minutes: float | None = None,
+                 packed: tuple[Path, str | None] | None = None) -> CorpusReport:
     """Fill the cache until the corpus's responses hold at least `tokens` tokens; nothing is generated when
-    they already do. `batch_size`: rows per generate call (default: 32 on the CPU, 512 on a GPU)."""
+    they already do. `batch_size`: sequences decoded together (default: 128 on the CPU, 512 on a GPU).
+    `minutes`: stop once that much time is spent (report.stopped), keeping every finished response; a
+    Ctrl-C keeps them too, and the next call goes on from there. `packed`: (a committed corpus, its sha256)
+    whose shards the cache takes before anything is generated."""
     from tqdm import tqdm
 
     from .adapter_source import training_prompts
     from .device import resolve_device
-    from .distill_data import _check_meta, _prompts_digest, _shard_path, _write_shard, chat_text
+    from .distill_data import _check_meta, _prompts_digest, _shard_path, chat_text
 
     settings = settings or CorpusSettings()
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens <= 0:
@@ -222,11 +273,16 @@ def build_corpus(checkpoint: str | Path, target_sha: str, tokens: int, settings:
         raise OptionError(f"the batch size must be positive, not {batch_size}")
     if threads is not None and threads < 0:
         raise OptionError(f"the thread count must be 0 (all cores) or more, not {threads}")
+    if minutes is not None and not minutes > 0:
+        raise OptionError(f"the time budget must be a positive number of minutes, not {minutes}")
     settings.check()
     dev = resolve_device(device)  # a GPU asked for and missing: refused before any work
-    batch_size = batch_size or (512 if dev.is_cuda else 32)
+    batch_size = batch_size or (512 if dev.is_cuda else CPU_SLOTS)
     shipped_dir, magpie_dir = corpus_dirs(target_sha, settings)
-    report = CorpusReport(shipped_dir, magpie_dir)
+    report = CorpusReport(shipped_dir, magpie_dir, checkpoint=Path(checkpoint), target_sha=target_sha,
+                          settings=settings)
+    if packed is not None:
+        unpack_corpus(packed[0], target_sha, settings, packed[1])
     prompts = training_prompts({"prompts": settings.prompts})
     n_shipped = -(-len(prompts) // SHIPPED_SHARD)
 
@@ -256,7 +312,8 @@ def build_corpus(checkpoint: str | Path, target_sha: str, tokens: int, settings:
         report.sequences = sum(_count(p) for p in used)
         return report
 
-    gen = _Generator(Path(checkpoint), dev, threads, report)
+    gen = _Generator(Path(checkpoint), dev, threads, report, batch_size,
+                     None if minutes is None else time.monotonic() + 60 * minutes)
     gen.start = start = time.perf_counter()
     bar = tqdm(total=tokens, initial=total, unit="tok", unit_scale=True, dynamic_ncols=True, mininterval=2.0,
                desc="response tokens", disable=not progress)
@@ -265,29 +322,139 @@ def build_corpus(checkpoint: str | Path, target_sha: str, tokens: int, settings:
                                   "prompts_sha256": _prompts_digest(prompts), "shard_size": SHIPPED_SHARD,
                                   "max_new_tokens": settings.max_new_tokens, "batch_size": batch_size,
                                   "seed": settings.seed})
-    # the shipped prompts, a few shards per round of calls (a GPU's batch spans shards), in shard order
-    group = max(1, -(-batch_size // SHIPPED_SHARD))
-    while missing and total < tokens:
-        shards, missing = missing[:group], missing[group:]
-        chunks = [prompts[i * SHIPPED_SHARD:(i + 1) * SHIPPED_SHARD] for i in shards]
-        ids = [gen.encode(chat_text(gen.tokenizer, p["prompt"])) for chunk in chunks for p in chunk]
-        responses = iter(gen.respond(ids, batch_size, settings.max_new_tokens, bar))
-        ids_iter = iter(ids)
-        for i, chunk in zip(shards, chunks, strict=True):
-            records = []
-            for p in chunk:
-                prompt = next(ids_iter)
-                resp = next(responses)
-                records.append((p["id"], prompt + resp, len(prompt)))
-                total += len(resp)
-            _write_shard(_shard_path(shipped_dir, i), records)
-    if not missing and total < tokens:
-        _magpie(gen, settings, prompts, magpie_dir, tokens, batch_size, bar)
-    bar.close()
+    from .distill.target import Stopped
+
+    try:
+        # the shipped prompts, a few shards per round of calls (a GPU's batch spans shards), in shard order
+        while missing and total < tokens:
+            group = _group(gen, batch_size, SHIPPED_SHARD, tokens - total, settings.max_new_tokens)
+            shards, missing = missing[:group], missing[group:]
+            chunks = [prompts[i * SHIPPED_SHARD:(i + 1) * SHIPPED_SHARD] for i in shards]
+            ids = [[gen.encode(chat_text(gen.tokenizer, p["prompt"])) for p in chunk] for chunk in chunks]
+            total += _respond_shards(gen, [_shard_path(shipped_dir, i) for i in shards],
+                                     [[p["id"] for p in chunk] for chunk in chunks], ids, settings.max_new_tokens,
+                                     batch_size, bar)
+        if not missing and total < tokens:
+            _magpie(gen, settings, prompts, magpie_dir, tokens, batch_size, bar)
+    except Stopped:
+        report.stopped = True
+    finally:
+        bar.close()
     report.seconds = time.perf_counter() - start
     report.response_tokens, report.shards = plan()[:2]
     report.sequences = sum(_count(p) for p in report.shards)
     return report
+
+
+def _group(gen: _Generator, batch_size: int, shard: int, missing: int, max_new: int) -> int:
+    """Shards of prompts one call answers: the decode loop refills its slots as answers end, so a call of
+    eight batches keeps them full but for its last answers (generate's calls hold one batch each); never
+    more shards than full-length answers would need to reach the goal."""
+    batches = 8 if gen.fast is not None else 1
+    return max(1, min(-(-batch_size * batches // shard), -(-missing // (shard * max_new))))
+
+
+def _partial_path(shard: Path) -> Path:
+    return shard.with_name(shard.stem + ".partial.npz")
+
+
+def _read_partial(shard: Path) -> dict[int, list[int]]:
+    path = _partial_path(shard)
+    if not path.exists():
+        return {}
+    requests, _ = _read_requests(path)
+    with np.load(path) as data:
+        return dict(zip(data["rows"].tolist(), requests, strict=True))
+
+
+def _write_partial(shard: Path, done: dict[int, list[int]]) -> None:
+    rows = sorted(done)
+    path = _partial_path(shard)
+    _write_requests(path, [done[r] for r in rows], 0, rows=np.asarray(rows, dtype=np.int64))
+
+
+def _respond_shards(gen: _Generator, shards: list[Path], names: list[list[str]], prompts: list[list[list[int]]],
+                    max_new: int, batch_size: int, bar) -> int:
+    """Answer the prompts of several shards in one call and write each shard; the responses of a call cut
+    short stay in each shard's partial file, which the next call reads instead of answering again. Returns
+    the response tokens written."""
+    flat = [p for ps in prompts for p in ps]
+    starts = list(itertools.accumulate([0] + [len(ps) for ps in prompts]))
+    known = {}
+    for shard, start in zip(shards, starts, strict=False):
+        known.update({start + r: resp for r, resp in _read_partial(shard).items()})
+
+    def keep(done: dict[int, list[int]]) -> None:
+        for shard, a, b in zip(shards, starts[:-1], starts[1:], strict=True):
+            part = {i - a: done[i] for i in range(a, b) if i in done}
+            if part:
+                _write_partial(shard, part)
+
+    from .distill_data import _write_shard
+
+    responses = gen.respond(flat, batch_size, max_new, bar, known, keep)
+    written = 0
+    for shard, a, b, ids in zip(shards, starts[:-1], starts[1:], names, strict=True):
+        records = [(name, flat[i] + responses[i], len(flat[i])) for name, i in zip(ids, range(a, b), strict=True)]
+        written += sum(len(responses[i]) for i in range(a, b))
+        _write_shard(shard, records)
+        _partial_path(shard).unlink(missing_ok=True)
+    return written
+
+
+def _pack_identity(target_sha: str, settings: CorpusSettings) -> tuple[dict[str, Path], dict]:
+    shipped, magpie = corpus_dirs(target_sha, settings)
+    return {"shipped": shipped, "magpie": magpie}, {"target_sha256": target_sha, "shipped": shipped.name,
+                                                    "magpie": magpie.name}
+
+
+def pack_corpus(out: Path, target_sha: str, settings: CorpusSettings) -> dict:
+    """Pack the cached corpus of this target and settings into `out` (see distill.pack)."""
+    from .distill.pack import pack
+
+    dirs, meta = _pack_identity(target_sha, settings)
+    return pack(dirs, out, meta)
+
+
+def unpack_corpus(path: Path, target_sha: str, settings: CorpusSettings, digest: str | None = None) -> int:
+    from .distill.pack import unpack
+
+    dirs, meta = _pack_identity(target_sha, settings)
+    return unpack(path, dirs, meta, digest)
+
+
+def recipe_corpus(cfg: dict, recipe_dir: Path) -> tuple[Path, str | None] | None:
+    """The recipe's committed corpus ([corpus] file, sha256), its path resolved beside the recipe."""
+    corpus = cfg.get("corpus")
+    if not corpus:
+        return None
+    return (recipe_dir / corpus["file"]).resolve(), corpus.get("sha256")
+
+
+def prompt_texts(checkpoint: str | Path, target_sha: str, settings: CorpusSettings) -> list[str]:
+    """The corpus's prompts as text: the shipped ones, then every Magpie request written so far."""
+    from transformers import AutoTokenizer
+
+    from .adapter_source import training_prompts
+
+    texts = [p["prompt"] for p in training_prompts({"prompts": settings.prompts})]
+    _, magpie = corpus_dirs(target_sha, settings)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    for path in sorted(magpie.glob(REQUESTS_GLOB)):
+        texts += tokenizer.batch_decode(_read_requests(path)[0], skip_special_tokens=True)
+    return texts
+
+
+def held_out_texts(paths: list[Path]) -> list[str]:
+    """Every turn of the evaluation sets (jsonl of Spec-Bench's shape: "turns"), which no prompt may repeat."""
+    out: list[str] = []
+    for path in paths:
+        try:
+            lines = Path(path).read_text().splitlines()
+            out += [t for line in lines if line.strip() for t in json.loads(line).get("turns", [])]
+        except (OSError, ValueError, AttributeError) as exc:
+            raise OptionError(f"{path} is not a jsonl of questions with \"turns\" ({exc})") from None
+    return out
 
 
 def _count(path: Path) -> int:
@@ -295,13 +462,52 @@ def _count(path: Path) -> int:
         return len(data["prompt_lens"])
 
 
+def _sample_round(gen: _Generator, settings: CorpusSettings, seen: set[str], calls: int,
+                  batch_size: int) -> tuple[list[list[int]], int]:
+    """One round of new requests: sampling calls seeded (seed, call index), so the same settings write the
+    same requests; the last call's unused requests are dropped, so a resumed run continues identically."""
+    from .distill.target import Stopped
+
+    fresh: list[list[int]] = []
+    dry = 0
+    while len(fresh) < settings.round_size:
+        if gen.out_of_time():
+            raise Stopped
+        if gen.fast is not None:
+            # job keys (call, row) seed each draw
+            drawn = gen.fast.sample(gen.before, range(calls * batch_size, (calls + 1) * batch_size),
+                                    settings.max_query_tokens, settings.query_temperature,
+                                    settings.query_top_p, settings.seed)
+            rows = [drawn[k] for k in sorted(drawn)]
+            gen.report.generate_calls += 1
+        else:
+            gen.torch.manual_seed(settings.seed * 1_000_003 + calls)
+            rows = gen.generate([gen.before] * batch_size, settings.max_query_tokens, do_sample=True,
+                                temperature=settings.query_temperature, top_p=settings.query_top_p, top_k=0)
+        calls += 1
+        before = len(fresh)
+        for q in rows:
+            if not q or q[-1] not in gen.eos or len(q) - 1 < settings.min_query_tokens:
+                continue  # never ended within max_query_tokens, or too short
+            key = _normal(gen.tokenizer.decode(q[:-1], skip_special_tokens=True))
+            if len(key) < 2 or key in seen:
+                continue
+            seen.add(key)
+            fresh.append(q[:-1])
+        dry = 0 if len(fresh) > before else dry + 1
+        if dry >= 20:
+            raise SpecExportError("the target wrote no new usable request in 20 batches of sampling after its"
+                                  " chat template's user-turn prefix; it may not be an instruct model, so give a"
+                                  " larger --tokens only up to its shipped prompts")
+    return fresh[:settings.round_size], calls
+
+
 def _magpie(gen: _Generator, settings: CorpusSettings, prompts: list[dict], directory: Path, tokens: int,
             batch_size: int, bar) -> None:
     """Magpie rounds until the corpus reaches `tokens`: a round's requests (sampled, or read back), then the
     target's greedy responses to them."""
-    from .distill_data import _shard_path, _write_shard
+    from .distill_data import _shard_path
 
-    torch = gen.torch
     _check_magpie_meta(directory, {**settings.__dict__, "template_before": gen.before, "template_after": gen.after,
                                    "batch_size": batch_size})
     # a request is new when neither a shipped prompt nor an earlier request says the same
@@ -316,51 +522,22 @@ def _magpie(gen: _Generator, settings: CorpusSettings, prompts: list[dict], dire
         sum(_response_tokens(_shard_path(directory, i)) for i in range(r) if _shard_path(directory, i).exists())
     bar.n = min(total, bar.total)
     bar.refresh()
-    group = max(1, -(-batch_size // settings.round_size))  # rounds sampled and answered together
     pending = [i for i in range(r) if not _shard_path(directory, i).exists()]
     while total < tokens:
-        if not pending:
-            # sample a group of rounds: calls seeded (seed, call index), so the same settings write the same
-            # requests; the last call's unused requests are dropped, so a resumed run continues identically
-            fresh: list[list[int]] = []
-            need = group * settings.round_size
-            dry = 0
-            while len(fresh) < need:
-                torch.manual_seed(settings.seed * 1_000_003 + calls)
-                calls += 1
-                rows = gen.generate([gen.before] * batch_size, settings.max_query_tokens, do_sample=True,
-                                    temperature=settings.query_temperature, top_p=settings.query_top_p, top_k=0)
-                before = len(fresh)
-                for q in rows:
-                    if not q or q[-1] not in gen.eos or len(q) - 1 < settings.min_query_tokens:
-                        continue  # never ended within max_query_tokens, or too short
-                    key = _normal(gen.tokenizer.decode(q[:-1], skip_special_tokens=True))
-                    if len(key) < 2 or key in seen:
-                        continue
-                    seen.add(key)
-                    fresh.append(q[:-1])
-                dry = 0 if len(fresh) > before else dry + 1
-                if dry >= 20:
-                    raise SpecExportError("the target wrote no new usable request in 20 batches of sampling"
-                                          " after its chat template's user-turn prefix; it may not be an instruct"
-                                          " model, so give a larger --tokens only up to its shipped prompts")
-            fresh = fresh[:need]
-            for g in range(group):
-                _write_requests(directory / f"requests_{r + g:05d}.npz",
-                                fresh[g * settings.round_size:(g + 1) * settings.round_size], calls)
-            pending = list(range(r, r + group))
-            r += group
+        # rounds answered together; each round's requests sampled by calls of its own, so a round made
+        # again after a stop is the round it was
+        group = _group(gen, batch_size, settings.round_size, tokens - total, settings.max_new_tokens)
+        while len(pending) < group:
+            fresh, calls = _sample_round(gen, settings, seen, calls, batch_size)
+            _write_requests(directory / f"requests_{r:05d}.npz", fresh, calls)
+            pending.append(r)
+            r += 1
         rounds = [_read_requests(directory / f"requests_{i:05d}.npz")[0] for i in pending]
-        ids = [gen.before + q + gen.after for qs in rounds for q in qs]
-        responses = iter(gen.respond(ids, batch_size, settings.max_new_tokens, bar))
-        ids_iter = iter(ids)
-        for i, qs in zip(pending, rounds, strict=True):
-            records = []
-            for j in range(len(qs)):
-                prompt, resp = next(ids_iter), next(responses)
-                records.append((f"magpie-s{settings.seed}-r{i:05d}-{j:04d}", prompt + resp, len(prompt)))
-                total += len(resp)
-            _write_shard(_shard_path(directory, i), records)
+        total += _respond_shards(gen, [_shard_path(directory, i) for i in pending],
+                                 [[f"magpie-s{settings.seed}-r{i:05d}-{j:04d}" for j in range(len(qs))]
+                                  for i, qs in zip(pending, rounds, strict=True)],
+                                 [[gen.before + q + gen.after for q in qs] for qs in rounds],
+                                 settings.max_new_tokens, batch_size, bar)
         pending = []
 
 
@@ -377,20 +554,23 @@ def read_shards(paths: list[Path]) -> list[tuple[np.ndarray, int]]:
 
 def corpus_sequences(checkpoint: str | Path, target_sha: str, tokens: int, settings: CorpusSettings | None = None,
                      *, batch_size: int | None = None, threads: int | None = None, device: Any = "auto",
-                     progress: bool = True) -> list[tuple[np.ndarray, int]]:
+                     progress: bool = True, packed: tuple[Path, str | None] | None = None
+                     ) -> list[tuple[np.ndarray, int]]:
     """(prompt + response token ids int64, prompt length) of a corpus of at least `tokens` response tokens,
     generated first where the cache falls short: the shipped prompts' responses first, in prompt order (so
     ``fit_adapter.split_holdout`` over them holds out what the adapter's training does), then the Magpie
     requests' in the order they were written. The same goal and settings always give the same list."""
     report = build_corpus(checkpoint, target_sha, tokens, settings, batch_size=batch_size, threads=threads,
-                          device=device, progress=progress)
+                          device=device, progress=progress, packed=packed)
     return read_shards(report.shards)
 
 
 def distill_command(tokens: int, recipe: str | None = None, model: str | None = None, device: str = "auto",
                     batch_size: int | None = None, max_new_tokens: int | None = None, seed: int = 0,
-                    threads: int | None = None) -> CorpusReport:
-    """`specexport distill`: the recipe's target (or --model) and its response length, then build_corpus."""
+                    threads: int | None = None, minutes: float | None = None,
+                    pack: Path | None = None) -> CorpusReport:
+    """`specexport distill`: the recipe's target (or --model) and its response length, then build_corpus,
+    starting from the recipe's committed corpus; `pack`: where to write the corpus reached, packed."""
     from .. import model_source
     from ..recipe import load_recipe
     from .adapter_source import train_settings
@@ -402,6 +582,8 @@ def distill_command(tokens: int, recipe: str | None = None, model: str | None = 
             raise OptionError(f"{name} must be positive, not {value}")
     if threads is not None and threads < 0:
         raise OptionError(f"--threads must be 0 (all cores) or more, not {threads}")
+    if minutes is not None and not minutes > 0:
+        raise OptionError(f"--minutes must be a positive number, not {minutes}")
     from .device import resolve_device
 
     resolve_device(device)
@@ -410,5 +592,9 @@ def distill_command(tokens: int, recipe: str | None = None, model: str | None = 
     train = train_settings(cfg)
     settings = CorpusSettings(max_new_tokens=max_new_tokens or int(train.get("max_new_tokens", 128)),
                               prompts=train.get("prompts"), seed=seed)
-    return build_corpus(source.checkpoint, source.origin_sha256, tokens, settings, batch_size=batch_size,
-                        threads=threads, device=device)
+    packed = recipe_corpus(cfg, Path(cfg["path"]).parent) if model is None and seed == 0 else None
+    report = build_corpus(source.checkpoint, source.origin_sha256, tokens, settings, batch_size=batch_size,
+                          threads=threads, device=device, minutes=minutes, packed=packed)
+    if pack is not None:
+        report.packed = pack_corpus(Path(pack), source.origin_sha256, settings)
+    return report
