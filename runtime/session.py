@@ -133,6 +133,7 @@ class Session:
                 tokens, ended = emitted(tokens, budget - stats.new_tokens, self.codec.eos_ids, opts.ignore_eos)
                 if ended:
                     reason = "eos"
+                    stats.eos_tokens = 1
                 stats.new_tokens += len(tokens)
                 delta = detok.push(tokens)
                 if detok.stopped:

@@ -10,6 +10,9 @@ class Stats:
     mode: str = "ar"
     prompt_tokens: int = 0
     new_tokens: int = 0
+    # 1 when an end-of-sequence token ended the answer: a step decoded it though nobody sees it, so tau counts it
+    # (else AR's tau, one token a step by definition, reads below 1 on every answer that ends)
+    eos_tokens: int = 0
     steps: int = 0  # target (deep) calls after the prefill: one per verification step
     drafted: int = 0
     accepted: int = 0
@@ -56,8 +59,8 @@ class Stats:
 
     @property
     def mean_accepted_tokens(self) -> float:
-        """Tokens emitted per target step, the target's own token included (1.00 for AR)."""
-        return self.new_tokens / self.steps if self.steps else 0.0
+        """Tokens decoded per target step, the target's own token and an ending EOS included (1.00 for AR)."""
+        return (self.new_tokens + self.eos_tokens) / self.steps if self.steps else 0.0
 
     @property
     def acceptance_rate(self) -> float:

@@ -62,3 +62,20 @@ def test_ignore_eos_runs_past_eos_to_the_full_length(tiny_bundles):
     for mode in ("ar", "self", "lookup"):
         out = session.generate("the quick brown fox", max_new_tokens=30, mode=mode, ignore_eos=True)
         assert out.tokens == full.tokens and out.finish_reason == "length", mode
+
+
+@pytest.mark.parametrize("mode", ["ar", "self"])
+def test_tau_counts_the_step_that_decoded_the_end_token(tiny_bundles, mode):
+    """An answer that ends at EOS: the step that decoded the EOS is a step, and its token counts though it is not
+    emitted, so AR's tau is 1.00 exactly (it read 23 tokens over 24 steps, 0.96, before)."""
+    session = load(tiny_bundles("ort", 2, adapter="untrained"))
+    full = session.generate("the quick brown fox", max_new_tokens=30, mode="ar", ignore_eos=True)
+    end = full.tokens[12]  # declared the end token: the answer now stops before it
+    session.codec.eos_ids = {end}
+    out = session.generate("the quick brown fox", max_new_tokens=30, mode=mode, gamma=3)
+    assert out.finish_reason == "eos" and out.tokens == full.tokens[:full.tokens.index(end)]
+    assert out.stats.eos_tokens == 1
+    if mode == "ar":
+        assert out.stats.steps == len(out.tokens) + 1 and out.stats.mean_accepted_tokens == 1.0
+    else:
+        assert out.stats.mean_accepted_tokens >= 1.0

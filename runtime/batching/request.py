@@ -62,6 +62,7 @@ class BatchRequest:
         tokens, ended = emitted(tokens, self.budget - len(self.tokens), self.eos_ids, self.opts.ignore_eos)
         if ended:
             self.finish_reason = "eos"
+            self.stats.eos_tokens = 1
         self.tokens.extend(tokens)
         self.stats.new_tokens = len(self.tokens)
         if tokens:

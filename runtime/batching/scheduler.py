@@ -228,7 +228,8 @@ class BatchScheduler:
             self.engine.leave()
             steps = stats.steps - 1  # the prefill's call is one of them
             if steps > 0:
-                self._tau[opts.mode] = 0.9 * self._tau.get(opts.mode, 1.0) + 0.1 * stats.new_tokens / steps
+                made = stats.new_tokens + stats.eos_tokens
+                self._tau[opts.mode] = 0.9 * self._tau.get(opts.mode, 1.0) + 0.1 * made / steps
             with self._wake:
                 del self._running[row]
                 self._free.append(row)
