@@ -74,7 +74,8 @@ def render_markdown(report: dict) -> str:
         f"# specexport bench: {report['bundle']['name']} ({report['bundle']['precision']})",
         "",
         f"{report['created']} · {m['cpu_model']}, {m['cores']} cores, threads per system: {st['threads']} ·"
-        f" {n_q} Spec-Bench questions ({'first ' + str(st['limit']) + ' per category' if st['limit'] else 'all'}),"
+        f" {n_q} questions of {question_set(st)}"
+        f" ({'first ' + str(st['limit']) + ' per category' if st['limit'] else 'all'}),"
         f" first turn, chat template, prompts cut to their last {st['max_prompt_tokens']} tokens · greedy,"
         f" batch 1, {_length(st)} · tokens/s include the prefill; speedup is over"
         f" {ref_label} on the same question, systems interleaved per question · load average"
@@ -182,10 +183,30 @@ def render_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def question_set(settings: dict) -> str:
+    """What the questions were, for titles: Spec-Bench's file, the shipped prompts, or the file's name."""
+    path = Path(settings.get("questions") or "")
+    if path.name == "bench_prompts.jsonl":
+        return "the shipped bench prompts"
+    if path.name == "question.jsonl" or "spec_bench" in path.parts or "specbench" in str(path).lower():
+        return "Spec-Bench"
+    return path.name or "questions"
+
+
 def render_chart(report: dict, path: Path) -> str | None:
     """Speedup and τ per category, all systems side by side, into `path`; returns why not, or None."""
     if missing("matplotlib"):
         return "matplotlib is not installed (pip install 'matplotlib>=3.8', or `make bench-env`)"
+    import matplotlib.pyplot as plt
+
+    fig = chart_figure(report)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
+def chart_figure(report: dict):
+    """The chart as a matplotlib figure (render_chart saves it)."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display: render straight to the file
@@ -196,7 +217,9 @@ def render_chart(report: dict, path: Path) -> str | None:
     systems = _systems(report)
     labels = {s: report["systems"][s]["label"] for s in systems}
     reference = report["settings"]["reference"]
-    cats = ["overall", *report["settings"]["categories"]]
+    categories = report["settings"]["categories"]
+    # "overall" is the one category's own figures where there is only one: drawn once, under its name
+    cats = [*(["overall"] if len(categories) > 1 else []), *categories]
     colors = {s: plt.get_cmap("tab10")(i % 10) for i, s in enumerate(systems)}  # same colour in both panels
 
     def value(s: str, cat: str, key: str) -> float:
@@ -221,7 +244,8 @@ def render_chart(report: dict, path: Path) -> str | None:
             if len(cats) * len(only) <= 24:  # numbers on the bars only while they stay legible
                 ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=1)
         ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.axvline(0.5, color="grey", linewidth=0.6, linestyle=":")  # 'overall' apart from the categories
+        if cats[0] == "overall":
+            ax.axvline(0.5, color="grey", linewidth=0.6, linestyle=":")  # 'overall' apart from the categories
         ax.set_xticks(x, cats, rotation=30, ha="right")
         ax.set_xlim(-0.6, len(cats) - 0.4)
         ax.set_title(title, fontsize=10, loc="left")
@@ -230,15 +254,20 @@ def render_chart(report: dict, path: Path) -> str | None:
         top = np.nanmax([value(s, c, key) for s in only for c in cats] or [1.0])
         ax.set_ylim(0, max(1.2, float(top) * 1.12))
     st = report["settings"]
-    fig.suptitle(f"Spec-Bench · {report['bundle']['name']} ({report['bundle']['precision']}) ·"
+    fig.suptitle(f"{question_set(st)} · {report['bundle']['name']} ({report['bundle']['precision']}) ·"
                  f" {report['machine']['cpu_model']}, threads: {st['threads']} · greedy, {st['max_new_tokens']}"
                  " new tokens", fontsize=11)
-    # one legend for both panels: a system keeps its colour in each
-    fig.legend([handles[s] for s in systems if s in handles], [labels[s] for s in systems if s in handles],
-               loc="outside lower center", ncols=min(len(systems), 6), fontsize=9, frameon=False)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return None
+    # one legend for both panels: a system keeps its colour in each; as many columns as fit the figure's width
+    shown = [s for s in systems if s in handles]
+    for ncols in range(min(len(shown), 6), 0, -1):
+        legend = fig.legend([handles[s] for s in shown], [labels[s] for s in shown], loc="outside lower center",
+                            ncols=ncols, fontsize=9, frameon=False)
+        fig.canvas.draw()
+        box, page = legend.get_window_extent(), fig.bbox
+        if ncols == 1 or (box.x0 >= page.x0 and box.x1 <= page.x1):
+            break
+        legend.remove()
+    return fig
 
 
 def write_report(report: dict, out: Path) -> dict[str, Path | str]:

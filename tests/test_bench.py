@@ -788,3 +788,31 @@ def test_end_to_end_default_bundle(default_bundle, tmp_path):
     mem = data["memory"]
     assert mem["exit_code"] == 0 and mem["peak_rss_bytes"] > 100e6 and mem["weights_fp32_bytes"] > 500e6
     assert "tokens/s per category" in (out / "report.md").read_text()
+
+
+@pytest.mark.skipif(bench_systems.missing("matplotlib"), reason="the chart needs matplotlib")
+def test_the_chart_names_its_questions_draws_real_categories_and_keeps_its_legend_on_the_page():
+    """Before: titled "Spec-Bench" whatever --questions held, an "overall" bar group beside the only category
+    (the same figures twice), and six legend columns of long labels cut off at both edges."""
+    import copy
+
+    import matplotlib.pyplot as plt
+
+    report = copy.deepcopy(synthetic_report())
+    report["settings"]["questions"] = "/data/my-chat-prompts.jsonl"
+    report["settings"]["categories"] = ["writing"]
+    for s in report["systems"]:
+        report["systems"][s]["label"] = f"{s} with a long descriptive label for the legend"
+        report["results"][s]["categories"] = {"writing": report["results"][s]["categories"]["writing"]}
+    fig = bench_report.chart_figure(report)
+    try:
+        assert fig._suptitle.get_text().startswith("my-chat-prompts.jsonl ·")
+        for ax in fig.axes:
+            assert [t.get_text() for t in ax.get_xticklabels()] == ["writing"]
+        (legend,) = fig.legends
+        box = legend.get_window_extent()
+        assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1
+    finally:
+        plt.close(fig)
+    assert bench_report.question_set({"questions": "x/spec_bench/question.jsonl"}) == "Spec-Bench"
+    assert bench_report.question_set({"questions": "recipes/data/bench_prompts.jsonl"}) == "the shipped bench prompts"
