@@ -57,6 +57,8 @@ def _session(head_dim: int, packed: bool = False, rotary_half: int | None = None
     before = os.environ.get("SPECEXPORT_ATTENTION_ISA")
     os.environ["SPECEXPORT_ATTENTION_ISA"] = isa  # read when the kernel is created
     try:
+        if isa == "portable":  # the library reads the variable as the kernel will: the forced path is taken
+            assert attention_op.isa() == "portable"
         model = _model(head_dim, packed, rotary_half or head_dim // 2, softcap)
         return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     finally:
