@@ -10,6 +10,8 @@ import pytest
 from specexport.runtime import OptionError, load
 from specexport.runtime.batching import BatchScheduler
 
+from .batch_calls import PINNED_COST, deep_calls, shared_drafts
+
 PROMPTS = ["the quick brown fox", "write a haiku about the sea and the quick brown fox jumps over the lazy dog",
            "a hash table maps keys to values a hash table maps keys to", "what is seventeen times twenty three",
            "explain how a hash table works"]
@@ -35,7 +37,7 @@ def test_mixed_modes_joining_and_leaving_equal_ar(session, expected):
     jobs = [(i, mode) for i in range(len(PROMPTS)) for mode in MODES]
     requests: list = [None] * len(jobs)
     under_way = [threading.Event() for _ in jobs]
-    with BatchScheduler(session, max_batch=4) as scheduler:
+    with BatchScheduler(session, max_batch=4, cost=PINNED_COST) as scheduler, deep_calls(scheduler) as calls:
         def client(j: int) -> None:
             i, mode = jobs[j]
             if j >= 3:  # three at once, then each once the one three before it has its first tokens
@@ -62,6 +64,7 @@ def test_mixed_modes_joining_and_leaving_equal_ar(session, expected):
         assert accepted > 0, f"no {mode} draft was accepted: its drafting path went untested"
     auto = [r.stats.extra["auto_steps"] for r in requests if r.opts.mode == "auto"]
     assert sum(n for s in auto for source, n in s.items() if source not in ("ar", "lookup")) > 0
+    assert shared_drafts(calls) > 0, "no draft was verified in a call other requests shared"
 
 
 def test_trees_policies_and_relaxed_rules_run_batched(session, expected):
@@ -72,12 +75,13 @@ def test_trees_policies_and_relaxed_rules_run_batched(session, expected):
     jobs = [(0, {"mode": "model", "tree": "6:3:2"}), (1, {"mode": "model", "tree": "4:2:2:4"}),
             (2, {"mode": "self", "policy": "goodput"}), (3, {"mode": "model", "policy": "fixed:3"}),
             (4, {"mode": "lookup", "verify": "specdec"})]
-    with BatchScheduler(session, max_batch=5) as scheduler:
+    with BatchScheduler(session, max_batch=5, cost=PINNED_COST) as scheduler, deep_calls(scheduler) as calls:
         with scheduler._wake:  # admitted together, so that their calls meet
             requests = [scheduler.submit(ids[i], max_new_tokens=LENGTHS[i], **o) for i, o in jobs]
         for r in requests:
             r.result()
         assert scheduler.counts.max_rows > 1, "no verification call ran several requests"
+    assert shared_drafts(calls, tree=True) > 0, "no token tree was verified in a call other requests shared"
     for (i, overrides), request in zip(jobs, requests, strict=True):
         if "verify" in overrides:
             alone = session.generate_ids(ids[i], max_new_tokens=LENGTHS[i], **overrides)

@@ -14,6 +14,8 @@ from specexport.runtime.batching import BatchScheduler
 from specexport.runtime.batching.order import AdmissionQueue
 from specexport.runtime.decode import ids_array
 
+from .batch_calls import PINNED_COST, deep_calls, shared_drafts
+
 # prompts of different lengths; the repetitive ones give prompt lookup drafts the tiny model accepts
 PROMPTS = ["the quick brown fox", "write a haiku about the sea and the quick brown fox jumps over the lazy dog",
            "a hash table maps keys to values a hash table maps keys to", "what is seventeen times twenty three"]
@@ -82,7 +84,7 @@ def test_batched_rows_are_one_row_calls_bit_for_bit(session):
 def test_concurrent_requests_equal_ar(session, expected):
     """AR and lookup requests of different lengths, more than the rows, submitted at once from threads."""
     ids, reference = expected
-    with BatchScheduler(session, max_batch=3) as scheduler:
+    with BatchScheduler(session, max_batch=3, cost=PINNED_COST) as scheduler, deep_calls(scheduler) as calls:
         jobs = [(i, mode, n) for i, n in enumerate(LENGTHS) for mode in ("ar", "lookup")]
         requests = [None] * len(jobs)
 
@@ -101,6 +103,7 @@ def test_concurrent_requests_equal_ar(session, expected):
         assert request.finish_reason == "length"
     drafted = [r.stats.accepted for r in requests if r.opts.mode == "lookup"]
     assert sum(drafted) > 0, "no lookup draft was accepted: the speculative path went untested"
+    assert shared_drafts(calls) > 0, "no draft was verified in a call other requests shared"
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
