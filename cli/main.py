@@ -200,6 +200,10 @@ def distill_cmd(tokens, recipe, model, device, batch_size, max_new_tokens, seed,
     except ImportError as exc:
         raise SpecExportError(f"distillation needs the exporter extra ({exc.name} is missing); install it with"
                               " `pip install 'specexport[export]'`") from None
+    import signal
+
+    # a job scheduler's stop (SIGTERM) keeps the finished answers as Ctrl-C does
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         report = distill_command(tokens, recipe=recipe, model=model, device=device, batch_size=batch_size,
                                  max_new_tokens=max_new_tokens, seed=seed, threads=threads, minutes=minutes,

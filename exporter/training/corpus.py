@@ -355,7 +355,8 @@ def _group(gen: _Generator, batch_size: int, shard: int, missing: int, max_new: 
 
 
 def _partial_path(shard: Path) -> Path:
-    return shard.with_name(shard.stem + ".partial.npz")
+    # not shard_*: every reader of a directory's shards globs that name
+    return shard.with_name(shard.name.replace("shard_", "partial_", 1))
 
 
 def _read_partial(shard: Path) -> dict[int, list[int]]:

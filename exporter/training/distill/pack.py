@@ -1,8 +1,9 @@
 """The corpus as it is committed: every shard's token ids in one compressed file, so training elsewhere
 reads the same corpus without generating it again.
 
-A pack holds the shipped part's and the Magpie part's shards (and the Magpie requests, so a run that grows
-the corpus further samples on from where the packed one stopped), token ids as uint16 where the vocabulary
+A pack holds the shipped part's and the Magpie part's shards (and the Magpie requests and the answers of
+a round a stopped run left unfinished, so a run that grows the corpus further goes on from where the packed
+one stopped), token ids as uint16 where the vocabulary
 allows, deflated: about 3 MB a million response tokens. `unpack` writes them back into the cache
 directories of the same target and settings, refusing a pack made from another target or other settings
 with one sentence. Its sha256 is what the recipe records.
@@ -31,7 +32,8 @@ def sha256(path: Path) -> str:
 
 
 def _files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.glob("*.npz") if not p.name.endswith(".partial.npz"))
+    # partial shards too: the answers a stopped run finished, which the next run (anywhere) takes up
+    return sorted(directory.glob("*.npz"))
 
 
 def pack(dirs: dict[str, Path], out: Path, meta: dict) -> dict:
