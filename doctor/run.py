@@ -5,7 +5,6 @@ something to fix."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,6 +242,3 @@ def run_doctor(out: Path, bundle: Path | None = None, tiny: bool = True, backend
     write_report(out, report)
     return report
 
-
-def load_report(out: Path) -> dict:
-    return json.loads((Path(out) / "doctor.json").read_text())

@@ -405,10 +405,6 @@ class Manifest:
         manifest.check()
         return manifest
 
-    @classmethod
-    def from_json(cls, text: str) -> Manifest:
-        return cls.from_dict(json.loads(text))
-
     def check(self) -> None:
         """The checks that span fields: required pieces, and every path inside the bundle and in `files`."""
         for name in ("shallow", "deep"):

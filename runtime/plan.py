@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .bundle import Bundle
 from .context import DecodeContext
 from .drafters import LOOKUP_MAX_TOKENS
 from .errors import SpecExportError
@@ -48,19 +47,6 @@ class Capabilities:
         p = ctx.pieces
         return cls(ctx.root, frozenset(n for n in DRAFTING_PIECES if getattr(p, n, None) is not None),
                    frozenset(m for m in TREE_GROWERS if trees_supported(p, m)), ctx.speculative)
-
-    @classmethod
-    def of_bundle(cls, bundle: Bundle) -> Capabilities:
-        """A bundle's, read off its manifest (the batch scheduler opens pieces of its own)."""
-        specs = bundle.pieces
-
-        def takes_trees(name: str) -> bool:
-            return name in specs and any(t.name == TREE_INPUT for t in specs[name].inputs)
-
-        trees = frozenset(m for m, grower in TREE_GROWERS.items()
-                          if all(takes_trees(n) for n in ("shallow", "deep", grower)))
-        return cls(bundle.root, frozenset(n for n in DRAFTING_PIECES if n in specs), trees,
-                   bundle.manifest.speculative)
 
 
 @dataclass(frozen=True)

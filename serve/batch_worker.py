@@ -51,7 +51,7 @@ class BatchWorker:
             raise APIError(503, "the server is shutting down; send the request again later", None, "shutting_down")
         run = BatchRun(asyncio.get_running_loop())
         thread = threading.Thread(target=self._relay, args=(run, request), name="specexport-relay", daemon=True)
-        with self.counters._lock:
+        with self.counters.lock:
             self.counters.queued += 1
             self._runs.add(run)
             self._threads.add(thread)
@@ -62,7 +62,7 @@ class BatchWorker:
         """Cancels what is still waiting or running, waits (up to `timeout` seconds) for the relays, and stops
         the scheduler."""
         self._closed = True
-        with self.counters._lock:
+        with self.counters.lock:
             runs, threads = list(self._runs), list(self._threads)
         for run in runs:
             run.cancel()
@@ -72,7 +72,7 @@ class BatchWorker:
 
     def _relay(self, run: BatchRun, request: GenerationRequest) -> None:
         counters = self.counters
-        with counters._lock:
+        with counters.lock:
             counters.queued -= 1
             counters.running += 1
         try:
@@ -91,7 +91,7 @@ class BatchWorker:
             cancelled = stream.finish_reason in ("cancelled", None) or run.cancelled
             reason = stream.finish_reason if stream.finish_reason in ("eos", "stop", "length") else "length"
             outcome = Outcome(stream.text, run.request.tokens, reason, run.request.stats, cancelled)
-            with counters._lock:
+            with counters.lock:
                 counters.generated_tokens += len(outcome.token_ids)
                 if cancelled:
                     counters.cancelled += 1
@@ -106,13 +106,13 @@ class BatchWorker:
             log.exception("generation failed")
             self._fail(run, Failure(f"generation failed: {type(exc).__name__}: {exc}", client=False))
         finally:
-            with counters._lock:
+            with counters.lock:
                 counters.running -= 1
                 self._runs.discard(run)
                 self._threads.discard(threading.current_thread())
 
     def _fail(self, run: Run, failure: Failure) -> None:
-        with self.counters._lock:
+        with self.counters.lock:
             self.counters.failed += 1
         self.metrics.refused(failure.client)
         run.post("error", failure)

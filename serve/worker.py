@@ -72,11 +72,11 @@ class Counters:
     failed: int = 0
     generated_tokens: int = 0
     last_cancelled_tokens: int | None = None  # how far the last cancelled run got (a disconnect must stop it)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # held by whoever changes a count
 
     def as_dict(self) -> dict:
-        with self._lock:
-            return {k: v for k, v in vars(self).items() if not k.startswith("_")}
+        with self.lock:
+            return {k: v for k, v in vars(self).items() if k != "lock"}
 
 
 class Worker:
@@ -96,7 +96,7 @@ class Worker:
         if self._closed:
             raise APIError(503, "the server is shutting down; send the request again later", None, "shutting_down")
         run = Run(asyncio.get_running_loop())
-        with self.counters._lock:
+        with self.counters.lock:
             self.counters.queued += 1
             self._runs.add(run)
         self._queue.put((run, request))
@@ -105,7 +105,7 @@ class Worker:
     def close(self, timeout: float) -> None:
         """Cancels what is still queued or running and waits (up to `timeout` seconds) for the thread."""
         self._closed = True
-        with self.counters._lock:
+        with self.counters.lock:
             runs = list(self._runs)
         for run in runs:
             run.cancel()
@@ -118,7 +118,7 @@ class Worker:
 
     def _generate(self, run: Run, request: GenerationRequest) -> None:
         counters = self.counters
-        with counters._lock:
+        with counters.lock:
             counters.queued -= 1
             counters.running += 1
         stream: TextStream | None = None
@@ -146,7 +146,7 @@ class Worker:
         finally:
             if stream is not None:
                 stream.close()  # gives the Session back whatever happened
-            with counters._lock:
+            with counters.lock:
                 counters.running -= 1
                 self._runs.discard(run)
 
@@ -156,7 +156,7 @@ class Worker:
         else:
             gen = stream.generation()  # the stream has ended: this only collects it
             outcome = Outcome(gen.text, gen.tokens, gen.finish_reason, gen.stats, cancelled)
-        with self.counters._lock:
+        with self.counters.lock:
             self.counters.generated_tokens += len(outcome.token_ids)
             if cancelled:
                 self.counters.cancelled += 1
@@ -167,7 +167,7 @@ class Worker:
         run.post("done", outcome)
 
     def _fail(self, run: Run, failure: Failure) -> None:
-        with self.counters._lock:
+        with self.counters.lock:
             self.counters.failed += 1
         self.metrics.refused(failure.client)
         run.post("error", failure)

@@ -110,14 +110,6 @@ def test_what_runs_is_planned():
     assert plan_of(mode="lookup", verify="specdec").lossy
 
 
-def test_a_session_and_a_scheduler_read_the_same_capabilities(drafting_bundle, tiny_bundles):
-    from specexport.runtime.bundle import load_bundle
-
-    for bundle in (drafting_bundle, tiny_bundles("standard")):
-        session = load(bundle, threads=1)
-        assert Capabilities.of(session.context) == Capabilities.of_bundle(load_bundle(bundle))
-
-
 # the same bad request through the Python API, the CLI and the batch scheduler: (bundle, options, fragment)
 EVERYWHERE = [
     ("plain", {"mode": "self"}, "no adapter piece, so mode self is not available"),

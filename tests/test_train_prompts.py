@@ -98,9 +98,9 @@ TINY_PROMPTS = [
 
 
 def test_cut_after_eos_keeps_first_eos():
-    assert distill_data._cut_after_eos([5, 6, 2, 2, 2], {2}) == [5, 6, 2]
-    assert distill_data._cut_after_eos([5, 6, 7], {2}) == [5, 6, 7]
-    assert distill_data._cut_after_eos([2, 9], {2, 9}) == [2]
+    assert distill_data.cut_after_eos([5, 6, 2, 2, 2], {2}) == [5, 6, 2]
+    assert distill_data.cut_after_eos([5, 6, 7], {2}) == [5, 6, 7]
+    assert distill_data.cut_after_eos([2, 9], {2, 9}) == [2]
 
 
 def test_shards_write_load_and_resume(tiny_checkpoint, tmp_path):

@@ -103,9 +103,9 @@ def use_library(attention_op, path: Path) -> None:
 
 
 def cases(count: int, seed: int):
-    """Random calls as test_attention_op's property test draws them, widened: head sizes 16-256, softcap, packed
-    inputs, caches filled up to the whole context."""
-    from tests import test_attention_op as t
+    """Random calls as test_attention_op's property test draws them (tests/attention_calls.py), widened: head
+    sizes 16-256, softcap, packed inputs, caches filled up to the whole context."""
+    from tests import attention_calls as t
 
     rng = np.random.default_rng(seed)
     for _ in range(count):
@@ -116,7 +116,7 @@ def cases(count: int, seed: int):
         positions = np.array([[p + (int(rng.integers(0, i + 1)) if tree else i) for i in range(rows)] for p in past])
         window = [None, 7, 50][int(rng.integers(3))]
         masked = float(rng.choice([0.0, 0.3, 0.7]))
-        bias = t._window_bias(positions, past, max(past) + rows, window, rng, masked)
+        bias = t.window_bias(positions, past, max(past) + rows, window, rng, masked)
         call = t.Call(rng, head_dim, past, rows, positions=positions, bias=bias)
         packed, softcap = bool(rng.integers(2)), float(rng.choice([0.0, 5.0]))
         desc = (f"batch {batch}, rows {rows}, head_dim {head_dim}, past {past}, {'tree' if tree else 'chain'},"
@@ -126,15 +126,15 @@ def cases(count: int, seed: int):
 
 def run_sweep(attention_op, lib: Path, isa: str, count: int, seed: int) -> list[tuple[np.ndarray, str]]:
     """Per case: its attention output and a digest of all three outputs, from `lib` on path `isa`."""
-    from tests import test_attention_op as t
+    from tests import attention_calls as t
 
     use_library(attention_op, lib)
-    t._session.cache_clear()  # sessions hold the library they were opened with
+    t.op_session.cache_clear()  # sessions hold the library they were opened with
     results = []
     for call, _, packed, softcap in cases(count, seed):
-        outs = call.run(t._session(call.head_dim, packed, softcap=softcap, isa=isa), packed)
+        outs = call.run(t.op_session(call.head_dim, packed, softcap=softcap, isa=isa), packed)
         results.append((outs[0], hashlib.sha256(b"".join(o.tobytes() for o in outs)).hexdigest()))
-    t._session.cache_clear()
+    t.op_session.cache_clear()
     return results
 
 

@@ -129,14 +129,14 @@ class _Generator:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from .device import resolve_device
-        from .distill_data import _eos_ids, chat_text
+        from .distill_data import chat_text, eos_token_ids
 
         torch.set_num_threads(threads or os.cpu_count() or 1)
         self.torch = torch
         self.dev = resolve_device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(checkpoint)
         self.model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).to(self.dev.torch).eval()
-        self.eos = _eos_ids(self.model, self.tokenizer)
+        self.eos = eos_token_ids(self.model, self.tokenizer)
         pad = self.tokenizer.pad_token_id
         self.pad = pad if pad is not None else min(self.eos)
         self.report = report
@@ -158,7 +158,7 @@ class _Generator:
 
     def generate(self, rows: list[list[int]], max_new_tokens: int, **sampling) -> list[list[int]]:
         """Every row's new tokens up to and including its first EOS; the rows left-padded into one call."""
-        from .distill_data import _cut_after_eos
+        from .distill_data import cut_after_eos
 
         torch = self.torch
         width = max(map(len, rows))
@@ -173,7 +173,7 @@ class _Generator:
                                       eos_token_id=sorted(self.eos), **sampling)
         self.report.generate_calls += 1
         self.report.max_rows = max(self.report.max_rows, len(rows))
-        return [_cut_after_eos(row, self.eos) for row in out[:, width:].cpu().tolist()]
+        return [cut_after_eos(row, self.eos) for row in out[:, width:].cpu().tolist()]
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
@@ -391,14 +391,14 @@ def _respond_shards(gen: _Generator, shards: list[Path], names: list[list[str]],
             if part:
                 _write_partial(shard, part)
 
-    from .distill_data import _write_shard
+    from .distill_data import write_shard
 
     responses = gen.respond(flat, batch_size, max_new, bar, known, keep)
     written = 0
     for shard, a, b, ids in zip(shards, starts[:-1], starts[1:], names, strict=True):
         records = [(name, flat[i] + responses[i], len(flat[i])) for name, i in zip(ids, range(a, b), strict=True)]
         written += sum(len(responses[i]) for i in range(a, b))
-        _write_shard(shard, records)
+        write_shard(shard, records)
         _partial_path(shard).unlink(missing_ok=True)
     return written
 

@@ -49,7 +49,7 @@ def chat_text(tokenizer: Any, prompt: str) -> str:
     )
 
 
-def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
+def eos_token_ids(model: Any, tokenizer: Any) -> set[int]:
     """All token ids that end a response (generation config may list several)."""
     ids: set[int] = set()
     for source in (model.generation_config.eos_token_id, tokenizer.eos_token_id):
@@ -61,7 +61,7 @@ def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
     return ids
 
 
-def _cut_after_eos(tokens: Sequence[int], eos_ids: set[int]) -> list[int]:
+def cut_after_eos(tokens: Sequence[int], eos_ids: set[int]) -> list[int]:
     """Keep tokens up to and including the first EOS (the rest is padding from finished rows)."""
     out: list[int] = []
     for tok in tokens:
@@ -71,7 +71,7 @@ def _cut_after_eos(tokens: Sequence[int], eos_ids: set[int]) -> list[int]:
     return out
 
 
-def _write_shard(path: Path, records: list[tuple[str, list[int], int]]) -> None:
+def write_shard(path: Path, records: list[tuple[str, list[int], int]]) -> None:
     """Write one shard atomically: a temp file renamed into place, so readers never see half a shard."""
     lengths = [len(seq) for _, seq, _ in records]
     offsets = np.zeros(len(records) + 1, dtype=np.int64)
@@ -165,7 +165,7 @@ def generate_responses(
     dev = resolve_device(device)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(dev.torch)
     model.eval()
-    eos_ids = _eos_ids(model, tokenizer)
+    eos_ids = eos_token_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
 
     done_prompts = len(prompts) - sum(len(prompts[i * shard_size : (i + 1) * shard_size]) for i in todo)
@@ -198,13 +198,13 @@ def generate_responses(
             for r, i in enumerate(rows):
                 mask = enc["attention_mask"][r].bool()
                 prompt_ids = enc["input_ids"][r][mask].tolist()
-                response = _cut_after_eos(out[r, width:].cpu().tolist(), eos_ids)
+                response = cut_after_eos(out[r, width:].cpu().tolist(), eos_ids)
                 results[i] = (prompt_ids + response, len(prompt_ids))
                 resp_tokens += len(response)
             bar.update(len(rows))
             bar.set_postfix(resp_tok_s=f"{resp_tokens / (time.perf_counter() - start):.1f}", shard=shard)
         records = [(chunk[i]["id"], *results[i]) for i in range(len(chunk))]
-        _write_shard(_shard_path(out_dir, shard), records)
+        write_shard(_shard_path(out_dir, shard), records)
         # One plain line per shard: the tqdm bar alone is hard to read in a log file.
         elapsed = time.perf_counter() - start
         bar.write(

@@ -55,7 +55,7 @@ def _default_target():
 
 def tokenize(args) -> None:
     from specexport.exporter.recipe import recipes_dir
-    from specexport.exporter.training.distill_data import _eos_ids, chat_text, read_prompts
+    from specexport.exporter.training.distill_data import chat_text, eos_token_ids, read_prompts
 
     model, tokenizer = _default_target()
     prompts = read_prompts(recipes_dir() / "data" / "train_prompts.jsonl")[args.start:args.stop]
@@ -66,8 +66,8 @@ def tokenize(args) -> None:
     before, after = chat_text(tokenizer, marker).split(marker)
     ids_of = lambda text: np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], np.int32)  # noqa: E731
     np.savez(out / "template.npz", before=ids_of(before), after=ids_of(after),
-             eos=np.array(sorted(_eos_ids(model, tokenizer)), np.int32))
-    _save_prompts(out / "prompts.npz", ids, [p["id"] for p in prompts], sorted(_eos_ids(model, tokenizer)))
+             eos=np.array(sorted(eos_token_ids(model, tokenizer)), np.int32))
+    _save_prompts(out / "prompts.npz", ids, [p["id"] for p in prompts], sorted(eos_token_ids(model, tokenizer)))
     print(f"{len(ids)} prompts, {sum(map(len, ids))} tokens -> {out / 'prompts.npz'}")
 
 
@@ -88,7 +88,7 @@ COPY_REQUESTS = (
 
 def copying(args) -> None:
     """Requests about a document made of one to three of the target's own training-only responses."""
-    from specexport.exporter.training.distill_data import _eos_ids, chat_text, load_records
+    from specexport.exporter.training.distill_data import chat_text, eos_token_ids, load_records
 
     model, tokenizer = _default_target()
     docs = [tokenizer.decode(tokens[plen:].tolist(), skip_special_tokens=True).strip()
@@ -105,7 +105,7 @@ def copying(args) -> None:
             names.append(f"copy-s{args.seed}-{len(names):05d}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    _save_prompts(out / "prompts.npz", ids, names, sorted(_eos_ids(model, tokenizer)))
+    _save_prompts(out / "prompts.npz", ids, names, sorted(eos_token_ids(model, tokenizer)))
     print(f"{len(ids)} requests, {sum(map(len, ids))} tokens -> {out / 'prompts.npz'}")
 
 
@@ -185,12 +185,12 @@ def generate(args) -> None:
                             random_seed=args.seed * 100003 + index * 64 + b) if args.temperature > 0 else \
                 dict(do_sample=False)
             for r, tokens in enumerate(_run(og, model, batch, max_length=width + args.max_new_tokens, **sampling)):
-                resp = dd._cut_after_eos(tokens.tolist(), eos)
+                resp = dd.cut_after_eos(tokens.tolist(), eos)
                 records.append((str(names[rows[r]]), batch[r].tolist() + resp, width))
                 made += len(resp)
             bar.update(len(rows))
             bar.set_postfix(resp_tok_s=f"{made / (time.perf_counter() - start):.0f}")
-        dd._write_shard(path, records)
+        dd.write_shard(path, records)
         bar.write(f"{path.name}: {made} response tokens, {made / (time.perf_counter() - start):.0f} tok/s")
     bar.close()
 
@@ -214,7 +214,7 @@ def queries(args) -> None:
                     do_sample=True, temperature=args.temperature, top_p=args.top_p, random_seed=args.seed * 100003 + b,
                     max_length=len(before) + args.max_query_tokens)
         for tokens in rows:
-            q = dd._cut_after_eos(tokens.tolist(), eos)
+            q = dd.cut_after_eos(tokens.tolist(), eos)
             # a request that never ended, or a near-empty one, is not a prompt
             if q and q[-1] in eos and len(q) - 1 >= 4 and len(kept) < args.count:
                 kept.append(np.concatenate([before, np.asarray(q[:-1], np.int32), after]))
