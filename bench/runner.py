@@ -80,7 +80,7 @@ class BenchConfig:
 
 def thread_pool() -> str:
     """'shared' when this process runs every ONNX Runtime session in one pool, else 'per-session'."""
-    from ..runtime.pearl import shared_pool_in_use
+    from ..runtime.backends.ort import shared_pool_in_use
 
     return "shared" if shared_pool_in_use() else "per-session"
 

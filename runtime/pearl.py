@@ -32,7 +32,6 @@ sized by `pearl_threads`. On TensorRT the same loop runs with the two threads on
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -301,17 +300,10 @@ def judge_items(items: list[Item], logits: np.ndarray, params: SamplingParams, s
     return [it.token for it in items], len(items)
 
 
-def shared_pool_in_use() -> bool:
-    """Whether this process put every ONNX Runtime session in one shared thread pool (the specexport
-    commands do, unless PEARL runs). Read without importing ONNX Runtime."""
-    ort = sys.modules.get(f"{__package__}.backends.ort")
-    return getattr(ort, "_shared_pool_threads", None) is not None
-
-
 def check_thread_pools(pieces: Pieces) -> None:
     """Refuse (one sentence) to run PEARL when every ONNX Runtime session shares the process-wide pool:
     the drafter and `deep` would then take turns on the same threads instead of running side by side."""
-    if shared_pool_in_use() and isinstance(pieces.deep, sys.modules[f"{__package__}.backends.ort"].OrtPiece):
+    if pieces.deep.shared_pool:
         raise SpecExportError("schedule 'pearl' runs the drafter and `deep` side by side, but this process put"
                               " every ONNX Runtime session in one shared thread pool (use_shared_thread_pool);"
                               " open the bundle in a process that does not, or use --schedule sequential")
@@ -320,7 +312,7 @@ def check_thread_pools(pieces: Pieces) -> None:
 def make_handoff(pieces: Pieces, self_draft: bool):
     """The handoff of shallow states between the threads: host arrays for ONNX Runtime, device buffers and
     CUDA events between two streams for TensorRT (imported only then)."""
-    if type(pieces.deep).__name__ == "TrtPiece":
+    if pieces.deep.handoff == "cuda-stream":
         from .backends.cuda_streams import StreamHandoff
 
         return StreamHandoff(pieces, self_draft)

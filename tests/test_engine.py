@@ -61,6 +61,7 @@ class RecordingPiece:
 
     input_names = frozenset({"input_ids"})
     moves_slots = True
+    backend, shared_pool, handoff = "test-double", False, "host"
 
     def __init__(self, seconds: float) -> None:
         self.seconds, self.calls, self.max_context = seconds, [], 1000

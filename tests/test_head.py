@@ -5,6 +5,8 @@ without a head, or one of the older schema, is refused in one sentence."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -136,6 +138,32 @@ def test_head_runs_batched_as_alone(bundles):
             assert [r.result() for r in requests] == ar, overrides
             assert sum(r.stats.drafted for r in requests) > 0
         assert scheduler.counts.max_rows == 3
+
+
+# ONNX Runtime's shared pool is the process's for good, so the refusal is shown in a process of its own
+SHARED_POOL_PEARL = """
+import sys
+from specexport.runtime import load
+from specexport.runtime.backends.ort import use_shared_thread_pool
+from specexport.runtime.errors import SpecExportError
+from specexport.runtime.head import FeatureTap
+use_shared_thread_pool(1)
+session = load(sys.argv[1], threads=1)
+assert isinstance(session.context.pieces.deep, FeatureTap), type(session.context.pieces.deep)
+try:
+    session.generate("hash table", max_new_tokens=8, mode="self", schedule="pearl")
+except SpecExportError as exc:
+    print(exc)
+"""
+
+
+def test_pearl_refuses_the_shared_pool_through_the_head_tap(bundles):
+    """With a head `deep` is wrapped to keep its features; the wrapper answers for the ONNX Runtime piece it
+    holds, so PEARL still refuses to run its two threads on the one shared pool."""
+    run = subprocess.run([sys.executable, "-c", SHARED_POOL_PEARL, str(bundles["fp32"])], capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "one shared thread pool" in run.stdout, run.stdout
 
 
 def test_head_sampling_follows_the_target(bundles):

@@ -20,6 +20,7 @@ from scipy import stats as sps
 from specexport.bench.metrics import REFERENCE
 from specexport.bench.runner import BenchConfig, make_systems
 from specexport.runtime import load
+from specexport.runtime.backends.common import WrappedPiece
 from specexport.runtime.drafters import Draft
 from specexport.runtime.errors import SpecExportError
 from specexport.runtime.pearl import SelfStepper, pearl, pearl_threads
@@ -100,13 +101,13 @@ def test_pearl_rejects_what_it_cannot_run(session):
 # -- races: random delays in the pieces ---------------------------------------------------------------------
 
 
-class DelayingPiece:
+class DelayingPiece(WrappedPiece):
     """A proxy of a piece that sleeps a random 0..max_ms before and after each call, so the drafter and
     verifier threads interleave differently on every run."""
 
     def __init__(self, piece, rng: random.Random, max_ms: float = 1.5) -> None:
-        self.piece, self.rng, self.max_s = piece, rng, max_ms / 1e3
-        self.name = piece.name
+        super().__init__(piece)
+        self.rng, self.max_s = rng, max_ms / 1e3
 
     def run(self, x, start, keep=1):
         time.sleep(self.rng.random() * self.max_s)
@@ -445,6 +446,9 @@ class StreamCudaDouble:
 class FakeTrtPiece:
     def __init__(self, name, cuda, calls) -> None:
         self.name, self.cudart, self.calls, self.stream = name, cuda, calls, "shared"
+
+    def use_stream(self, stream) -> None:
+        self.stream = stream
         self.primary = type("T", (), {"name": "hidden_in"})
         self.result_specs = [type("T", (), {"name": "hidden", "shape": ["batch", "seq", 4], "dtype": "float16"})]
 

@@ -196,3 +196,25 @@ def test_pearl_ring_slots_and_every_bound_address_are_256_byte_aligned(engines_1
     handoff.close()
     for piece in vars(pieces).values():
         piece.close()
+
+
+def test_pearl_takes_the_stream_handoff_through_a_head_tap(engines_128):
+    """With a draft head `deep` is wrapped (FeatureTap): PEARL still sees a TensorRT piece and takes the CUDA
+    streams' handoff, and the streams reach the wrapped engine. TensorRT and CUDA are the test doubles here."""
+    from types import SimpleNamespace
+
+    from specexport.runtime.backends.cuda_streams import StreamHandoff
+    from specexport.runtime.head import FeatureTap
+    from specexport.runtime.pearl import make_handoff
+
+    trt, cuda = TensorRTDouble(), CudaRuntimeDouble()
+    pieces = SimpleNamespace(**{n: open_trt_piece(engines_128, n, trt=trt, cudart=cuda) for n in ("shallow", "deep")})
+    engine, shared = pieces.deep, pieces.deep.stream
+    pieces.deep = FeatureTap(engine)
+    handoff = make_handoff(pieces, self_draft=True)
+    assert isinstance(handoff, StreamHandoff)
+    assert engine.stream == handoff.verify_stream and pieces.shallow.stream == handoff.draft_stream
+    handoff.close()
+    assert engine.stream == shared
+    for piece in (pieces.shallow, engine):
+        piece.close()

@@ -34,7 +34,12 @@ def check_io(piece: str, kind: str, declared: list[TensorSpec], actual: dict[str
 
 
 class Piece(Protocol):
+    """What the schedulers may ask a piece (wrappers and a sequence's view answer for the piece they hold):"""
+
     name: str
+    backend: str  # "onnxruntime" | "tensorrt"
+    shared_pool: bool  # runs on the process-wide thread pool, which every other piece's call takes turns on
+    handoff: str  # how PEARL passes states between its two threads: "host" arrays or "cuda-stream" buffers
 
     def run(self, x: np.ndarray, start: int, keep: int = 1, tree: TreeMask | None = None) -> dict[str, np.ndarray]:
         """Run on ``x`` ([1, n] token ids or [1, n, hidden] states) at positions [start, start+n);

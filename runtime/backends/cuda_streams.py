@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .tensorrt import _DeviceBuffer, aligned, cuda_check
+from .tensorrt import DeviceBuffer, aligned, cuda_check
 
 
 class StreamedPieces(Protocol):
@@ -65,12 +65,12 @@ class StreamHandoff:
             piece = getattr(pieces, name, None)
             if piece is not None:
                 self.saved[name] = piece.stream
-                piece.stream = self.draft_stream if name in drafting else self.verify_stream
+                piece.use_stream(self.draft_stream if name in drafting else self.verify_stream)
         spec = next(t for t in pieces.shallow.result_specs if t.name == "hidden")
         self.row = int(spec.shape[-1]) * np.dtype(spec.dtype).itemsize  # one position's state, in bytes
         # each slot is bound as shallow's output, and TensorRT takes only 256-byte aligned addresses
         self.stride = aligned(self.row)
-        self.ring = _DeviceBuffer(cudart, RING * self.stride)
+        self.ring = DeviceBuffer(cudart, RING * self.stride)
         event = cudart.cudaEventDisableTiming
         self.written = [cuda_check(cudart.cudaEventCreateWithFlags(event), "cudaEventCreateWithFlags")
                         for _ in range(RING)]
@@ -117,7 +117,7 @@ class StreamHandoff:
         for stream in (self.draft_stream, self.verify_stream):
             cuda_check(c.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
         for name, stream in self.saved.items():
-            getattr(self.pieces, name).stream = stream
+            getattr(self.pieces, name).use_stream(stream)
         for event in (*self.written, *self.consumed):
             c.cudaEventDestroy(event)
         for stream in (self.draft_stream, self.verify_stream):

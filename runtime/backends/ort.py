@@ -37,6 +37,11 @@ def use_shared_thread_pool(threads: int | None = None) -> None:
         _shared_pool_threads = threads
 
 
+def shared_pool_in_use() -> bool:
+    """Whether this process put every ONNX Runtime session in one shared thread pool."""
+    return _shared_pool_threads is not None
+
+
 def session_options(threads: int | None = None, attention: str = "gqa", matmul: str = "mlas") -> ort.SessionOptions:
     """`attention` or `matmul` 'rowwise': the pieces use specexport's operators, whose library is registered
     here (runtime/attention_op.py); they run on the session's intra-op threads."""
@@ -133,6 +138,9 @@ class OrtPiece:
         """`session`: the piece as another OrtPiece opened it on the CPU (its weights are not loaded again);
         the caches are this piece's own either way."""
         self.name = name
+        self.backend, self.handoff = "onnxruntime", "host"
+        # the pool is the process's once enabled, for every session opened after (a shared session's too)
+        self.shared_pool = _shared_pool_threads is not None
         if session is None:
             try:
                 session = ort.InferenceSession(str(path), session_options(threads, attention, matmul),

@@ -276,7 +276,7 @@ def _handle(stream) -> int:
     return int(get()) if get else int(stream)
 
 
-class _DeviceBuffer:
+class DeviceBuffer:
     def __init__(self, cudart, nbytes: int) -> None:
         self.cudart, self.nbytes = cudart, max(int(nbytes), 1)
         self.ptr = int(cuda_check(cudart.cudaMalloc(self.nbytes), "cudaMalloc"))
@@ -293,6 +293,7 @@ class TrtPiece:
     def __init__(self, name: str, engine_bytes: bytes, spec: PieceSpec, plan: EnginePlan, max_context: int, trt, cudart,
                  trt_version: str, version_compatible: bool = False, bundle: str | Path = "BUNDLE") -> None:
         self.name, self.trt, self.cudart, self.bundle = name, trt, cudart, bundle
+        self.backend, self.shared_pool, self.handoff = "tensorrt", False, "cuda-stream"
         self.inputs, self.outputs = list(spec.inputs), list(spec.outputs)
         self.input_names = {t.name for t in self.inputs}
         self.bias_input = bias_input(self.inputs)
@@ -319,9 +320,9 @@ class TrtPiece:
         check_engine_io(engine_io(self.engine), self.inputs, self.outputs, name, bundle)
         # where TensorRT reads each input from is the engine's to say (shape tensors: host memory)
         self.shape_tensors = host_tensors(self.engine, trt, self.inputs, self.outputs, name, bundle)
-        self._buffers: list[_DeviceBuffer] = []
+        self._buffers: list[DeviceBuffer] = []
         self.contexts = self._contexts()
-        self._kv: list[tuple[str, str, list[_DeviceBuffer], tuple[int, ...]]] = []
+        self._kv: list[tuple[str, str, list[DeviceBuffer], tuple[int, ...]]] = []
         for t in self.inputs:
             if t.name.startswith("past_"):
                 present = t.name.replace("past_", "present_", 1)
@@ -358,8 +359,8 @@ class TrtPiece:
                                   f" {past!r} in place but the plan says {self.kv_mode!r}; re-plan and rebuild the"
                                   " engines with `specexport engines plan` and `specexport engines build`")
 
-    def _alloc(self, nbytes: int) -> _DeviceBuffer:
-        buf = _DeviceBuffer(self.cudart, nbytes)
+    def _alloc(self, nbytes: int) -> DeviceBuffer:
+        buf = DeviceBuffer(self.cudart, nbytes)
         self._buffers.append(buf)
         return buf
 
@@ -392,7 +393,7 @@ class TrtPiece:
 
     # -- Piece protocol ------------------------------------------------------------------------------
 
-    def _h2d(self, buf: _DeviceBuffer, array: np.ndarray) -> None:
+    def _h2d(self, buf: DeviceBuffer, array: np.ndarray) -> None:
         if array.nbytes > buf.nbytes:
             raise SpecExportError(f"piece {self.name!r}: input of {array.nbytes} bytes exceeds its buffer;"
                                   " the call is longer than the context the engines were built for")
@@ -403,6 +404,11 @@ class TrtPiece:
     def input_ptr(self, name: str) -> int:
         """The device buffer of input `name` (PEARL's handoff copies shallow states into deep's directly)."""
         return self._in[name].ptr
+
+    def use_stream(self, stream) -> None:
+        """Runs its calls on `stream` from now on. A method, so that a wrapper (a draft head's tap) passes it
+        on: an attribute set on the wrapper would leave this piece on its old stream."""
+        self.stream = stream
 
     def run(self, x: np.ndarray, start: int, keep: int = 1, tree: TreeMask | None = None,
             device_in: int | None = None, device_out: dict[str, int] | None = None,

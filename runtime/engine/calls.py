@@ -248,6 +248,7 @@ class SequencePiece:
         self.pooled = engine.pieces[name]
         self.input_names = self.pooled.input_names
         self.moves_slots = self.pooled.moves_slots
+        self.backend, self.shared_pool, self.handoff = self.pooled.backend, self.pooled.shared_pool, self.pooled.handoff
 
     def run(self, x: np.ndarray, start: int, keep: int = 1, tree: TreeMask | None = None,
             extra: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:

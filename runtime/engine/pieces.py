@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .. import attention_op
-from ..backends.common import WrappedPiece
 from ..bundle import Bundle
 from ..decode import Pieces
 from ..errors import SpecExportError
@@ -71,15 +70,9 @@ def open_pieces(bundle: Bundle, backend: str = "onnxruntime", providers: list[st
 
 def cpu_sessions(pieces: dict) -> dict[str, ort.InferenceSession]:
     """The ONNX Runtime sessions of `pieces` that run on the CPU, by piece name, for another engine to share."""
-    from ..backends.ort import OrtPiece
-
-    sessions = {}
-    for name, piece in pieces.items():
-        while isinstance(piece, WrappedPiece):  # the one-row padding around shallow and deep
-            piece = piece.piece
-        if isinstance(piece, OrtPiece) and piece.device is None:
-            sessions[name] = piece.session
-    return sessions
+    # a wrapper (the one-row padding around shallow and deep) answers for the piece it holds
+    return {name: piece.session for name, piece in pieces.items()
+            if piece.backend == "onnxruntime" and piece.device is None}
 
 
 def sequence_pieces(views: dict, bundle: Bundle) -> Pieces:
