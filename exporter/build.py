@@ -72,9 +72,9 @@ def versions() -> dict:
 
 def _reference(model, exit_layer: int, adapter=None, vocab_map: np.ndarray | None = None, drafter=None,
                drafter_vocab: np.ndarray | None = None, adapter_head=None, head=None,
-               head_vocab: np.ndarray | None = None, head_lm=None):
+               head_vocab: np.ndarray | None = None, head_lm=None, head_embed=None):
     """`adapter_head`, `head_lm`: the weight the adapter's and the draft head's LM heads hold, where it is not
-    the model's (rounded at a drafting precision of their own)."""
+    the model's (rounded at a drafting precision of their own); `head_embed` the head's token embedding."""
     import torch
 
     def run(seq: list[int]) -> dict:
@@ -90,7 +90,8 @@ def _reference(model, exit_layer: int, adapter=None, vocab_map: np.ndarray | Non
             if head is not None:  # the head reads the target's states; the parity run feeds it the same ones
                 feats = torch.cat([out.hidden_states[i] for i in head.cfg.features], -1)
                 ref["features"] = feats.numpy()
-                states = head(feats, model.model.embed_tokens(torch.tensor([seq])))
+                embed = model.model.embed_tokens if head_embed is None else head_embed
+                states = head(feats, embed(torch.tensor([seq])))
                 lm = model.lm_head.weight if head_lm is None else head_lm
                 lm = lm if head_vocab is None else lm[head_vocab]
                 ref["head_state"] = states.numpy()
@@ -116,6 +117,7 @@ def _dequantized_reference(model, exit_layer: int, adapter, vocab_map: np.ndarra
     if spec is not None:
         dq_model = copy.deepcopy(model)
         quantize.fake_quantize_torch(dq_model, spec, lm_head=dq_model.lm_head)
+        quantize.fake_quantize_embedding(dq_model.model.embed_tokens, spec)
     dq_adapter = adapter_head = None
     if adapter is not None and draft_spec is not None:
         dq_adapter = copy.deepcopy(adapter)
@@ -123,10 +125,12 @@ def _dequantized_reference(model, exit_layer: int, adapter, vocab_map: np.ndarra
         lm = copy.deepcopy(model.lm_head)  # the adapter's graph holds the LM head rounded as it is rounded
         quantize.fake_quantize_torch(lm, draft_spec, lm_head=lm)
         adapter_head = lm.weight
-    dq_head = head_lm = None
+    dq_head = head_lm = head_embed = None
     if head is not None:
         dq_head = head
+        head_embed = copy.deepcopy(model.model.embed_tokens)  # the head's own copy, at its own precision
         if draft_spec is not None:
+            quantize.fake_quantize_embedding(head_embed, draft_spec)
             dq_head = copy.deepcopy(head)
             quantize.fake_quantize_torch(dq_head, draft_spec)
             lm = copy.deepcopy(model.lm_head)
@@ -136,8 +140,9 @@ def _dequantized_reference(model, exit_layer: int, adapter, vocab_map: np.ndarra
     if drafter is not None and draft_spec is not None:
         dq_drafter = copy.deepcopy(drafter)
         quantize.fake_quantize_torch(dq_drafter, draft_spec, lm_head=dq_drafter.lm_head)
+        quantize.fake_quantize_embedding(dq_drafter.model.embed_tokens, draft_spec)
     return _reference(dq_model, exit_layer, dq_adapter, vocab_map, dq_drafter, drafter_vocab, adapter_head, dq_head,
-                      head_vocab, head_lm)
+                      head_vocab, head_lm, head_embed)
 
 
 def _check_precision(precision: str | None, flavour: str | None, backend: str | None, target: str | None) -> None:

@@ -7,8 +7,11 @@ uint8 blobs of shape [N, k_blocks, block_size * bits / 8], as the contrib op's s
 Activations stay fp32; ``accuracy_level=4`` lets ONNX Runtime's CPU kernel quantize them to int8 per
 block and use integer dot products, which is where the speed comes from on CPUs with VNNI.
 
-The embedding Gather stays fp32: a token reads one row, so its size costs disk, not decode speed.
-The packing is ours (onnxruntime's own `matmul_nbits_quantizer` needs `onnx_ir`, which the exporter
+The token embedding's Gather becomes ``com.microsoft.GatherBlockQuantized`` over the same codes, rows of the
+table cut into blocks along the hidden axis: a token reads one row, so an fp32 table costs little time but is
+the largest tensor a small model has, stored by every piece that embeds tokens (shallow, the drafter, the
+draft head). Quantized at the piece's precision it takes a quarter (int8) or an eighth (int4) of the disk and
+of a GPU's memory. The packing is ours (onnxruntime's own `matmul_nbits_quantizer` needs `onnx_ir`, which the exporter
 does not otherwise depend on). `fake_quantize` gives the rounded weights from the codes before they are
 packed, so the parity check compares ONNX Runtime decoding our bytes against PyTorch running those
 weights: a packing error cannot hide on both sides.
@@ -34,6 +37,7 @@ BITS = {"int4": 4, "int8": 8}
 # row of a many-row call (int4: 32); beyond them a session would have to run every AR step at two rows.
 DEFAULTS = {"int4": {"symmetric": False}, "int8": {"symmetric": False, "block_size": 64}}
 LM_HEAD = "lm_head"  # the initializer name llama_graph gives the LM head of `deep` and `adapter`
+EMBED = "embed_tokens"  # ... and the token embedding of shallow, the drafter and the draft head
 
 
 @dataclass(frozen=True)
@@ -264,15 +268,63 @@ def quantize_model(model: onnx.ModelProto, spec: QuantSpec) -> tuple[onnx.ModelP
     graph.initializer.extend(remaining)
     if not any(o.domain == MS_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
+    embedded = _quantize_embedding(graph, spec) if EMBED in inits else None
     gathers = [n.input[0] for n in graph.node if n.op_type == "Gather" and n.input[0] in inits
                and inits[n.input[0]].data_type == onnx.TensorProto.FLOAT]
     summary = {k: v for k, v in spec.as_dict().items() if k != "lm_head"}
     summary["matmuls_quantized"] = len(quantized)
     if LM_HEAD in inits:  # only deep and adapter carry an LM head
         summary["lm_head_quantized"] = LM_HEAD in quantized
+    if embedded is not None:
+        summary["embedding_quantized"] = embedded
     summary["float_weights"] = sorted(set(kept) | set(gathers))
-    summary["note"] = "weight MatMuls only; norms, RoPE tables and the embedding Gather stay fp32"
+    summary["note"] = "weight MatMuls and the token embedding; norms and RoPE tables stay fp32"
     return model, summary
+
+
+def embedding_quantizable(hidden: int, spec: QuantSpec) -> bool:
+    """Whether a table of rows `hidden` wide is quantized (GatherBlockQuantized takes whole blocks only)."""
+    return hidden % spec.block_size == 0
+
+
+def _quantize_embedding(graph: onnx.GraphProto, spec: QuantSpec) -> bool:
+    """The token embedding's Gather as GatherBlockQuantized over the table's rows at `spec`; False where the
+    rows do not cut into whole blocks (the table then stays fp32)."""
+    inits = {t.name: t for t in graph.initializer}
+    table = numpy_helper.to_array(inits[EMBED])
+    users = [n for n in graph.node if EMBED in n.input]
+    if (table.ndim != 2 or not embedding_quantizable(table.shape[1], spec) or len(users) != 1
+            or users[0].op_type != "Gather" or users[0].input[0] != EMBED):
+        return False
+    node = users[0]
+    rows, hidden = table.shape
+    pw = quantize_weight(table.T, spec)  # rows of the table are MatMulNBits' N: blocks run along the hidden axis
+    blocks = hidden // spec.block_size
+    tensors = [numpy_helper.from_array(pw.packed.reshape(rows, -1), f"{EMBED}_q{spec.bits}"),
+               numpy_helper.from_array(pw.scales.reshape(rows, blocks), f"{EMBED}_scales")]
+    if pw.zero_points is not None:
+        tensors.append(numpy_helper.from_array(pw.zero_points.reshape(rows, -1), f"{EMBED}_zero_points"))
+    inputs = [tensors[0].name, node.input[1], *(t.name for t in tensors[1:])]
+    quantized = helper.make_node("GatherBlockQuantized", inputs, list(node.output), domain=MS_DOMAIN,
+                                 name=f"{node.name or node.output[0]}_q", gather_axis=0, quantize_axis=1,
+                                 block_size=spec.block_size, bits=spec.bits)
+    at = list(graph.node).index(node)
+    graph.node.remove(node)
+    graph.node.insert(at, quantized)
+    kept = [t for t in graph.initializer if t.name != EMBED]
+    del graph.initializer[:]
+    graph.initializer.extend([*kept, *tensors])
+    return True
+
+
+def fake_quantize_embedding(embedding, spec: QuantSpec) -> None:
+    """Round an nn.Embedding's rows in place as GatherBlockQuantized holds them (where the graph quantizes it)."""
+    import torch
+
+    w = embedding.weight.detach().float().cpu().numpy()
+    if embedding_quantizable(w.shape[1], spec):
+        embedding.weight = torch.nn.Parameter(torch.from_numpy(fake_quantize(w.T, spec).T.copy()),
+                                              requires_grad=False)
 
 
 def fake_quantize_torch(module, spec: QuantSpec, lm_head=None) -> None:

@@ -60,6 +60,39 @@ def test_packing_is_what_onnxruntime_decodes(precision, symmetric):
     assert np.abs(quantize.fake_quantize(w, spec) - w).max() < (0.6 if precision == "int4" else 0.04)
 
 
+def _embedding_model(table: np.ndarray) -> onnx.ModelProto:
+    node = helper.make_node("Gather", [quantize.EMBED, "ids"], ["x"], axis=0)
+    graph = helper.make_graph([node], "embed", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["b", "s"])],
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", table.shape[1]])],
+                              [numpy_helper.from_array(table, quantize.EMBED)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_embedding_rows_are_what_the_reference_rounds(precision, symmetric):
+    """GatherBlockQuantized decodes our packing of the table's rows to the very floats `fake_quantize_embedding`
+    gives the parity reference (bit for bit: a row is codes times scales, no sum); a width that is not whole
+    blocks keeps the table in fp32."""
+    import torch
+
+    rng = np.random.default_rng(1)
+    table = (rng.standard_normal((300, 128)) * 0.05).astype(np.float32)
+    spec = quantize.spec_for(precision, symmetric=symmetric)
+    model, summary = quantize.quantize_model(_embedding_model(table), spec)
+    assert [n.op_type for n in model.graph.node] == ["GatherBlockQuantized"] and summary["embedding_quantized"]
+    ids = np.array([[0, 7, 299], [5, 5, 123]])
+    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"ids": ids})[0]
+    reference = torch.nn.Embedding.from_pretrained(torch.from_numpy(table))
+    quantize.fake_quantize_embedding(reference, spec)
+    np.testing.assert_array_equal(got, reference(torch.from_numpy(ids)).numpy())
+    assert 0 < np.abs(got - table[ids]).max() < (0.02 if precision == "int4" else 0.002)
+    odd, summary = quantize.quantize_model(_embedding_model(table[:, :100]), spec)
+    assert [n.op_type for n in odd.graph.node] == ["Gather"] and summary["embedding_quantized"] is False
+
+
 @pytest.mark.parametrize("precision", ["int8", "int4"])
 def test_bundle_is_quantized_and_passes_parity(quantized_bundles, precision):
     bundle = quantized_bundles[precision]
@@ -82,7 +115,13 @@ def test_bundle_is_quantized_and_passes_parity(quantized_bundles, precision):
         assert all(v <= report["tolerance"] for v in report["max_relative_error"].values()), name
         assert all(v <= report["dequantized_tolerance"] for v in report["dequantized_max_relative_error"].values())
         assert all(v >= report["min_top1_agreement"] for v in report["top1_agreement"].values()), name
-    assert manifest["pieces"]["shallow"]["quantization"]["float_weights"] == ["embed_tokens"]  # the Gather stays
+    shallow = manifest["pieces"]["shallow"]
+    # the token embedding is read as quantized rows, in blocks along the hidden axis, not kept in fp32
+    assert shallow["quantization"]["embedding_quantized"] is True and shallow["quantization"]["float_weights"] == []
+    graph = onnx.load(str(bundle / shallow["file"]), load_external_data=False).graph
+    gather = next(n for n in graph.node if n.op_type == "GatherBlockQuantized")
+    assert {a.name: helper.get_attribute_value(a) for a in gather.attribute}["bits"] == quantize.BITS[precision]
+    assert quantize.EMBED not in {t.name for t in graph.initializer}
     assert manifest["pieces"]["deep"]["quantization"]["lm_head_quantized"] is True
     deep = onnx.load(str(bundle / manifest["pieces"]["deep"]["file"]), load_external_data=False).graph
     head = next(n for n in deep.node if n.op_type == qop and n.input[1].startswith(quantize.LM_HEAD))
