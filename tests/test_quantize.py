@@ -88,8 +88,8 @@ def test_embedding_rows_are_what_the_reference_rounds(precision, symmetric):
     reference = torch.nn.Embedding.from_pretrained(torch.from_numpy(table))
     quantize.fake_quantize_embedding(reference, spec)
     np.testing.assert_array_equal(got, reference(torch.from_numpy(ids)).numpy())
-    assert 0 < np.abs(got - table[ids]).max() < (0.02 if precision == "int4" else 0.002)
-    odd, summary = quantize.quantize_model(_embedding_model(table[:, :100]), spec)
+    assert 0 < np.abs(got - table[ids]).max() < 0.002  # 8-bit rows at either precision
+    odd, summary = quantize.quantize_model(_embedding_model(table[:, :96]), spec)  # 1.5 blocks of 64
     assert [n.op_type for n in odd.graph.node] == ["Gather"] and summary["embedding_quantized"] is False
 
 
@@ -120,7 +120,7 @@ def test_bundle_is_quantized_and_passes_parity(quantized_bundles, precision):
     assert shallow["quantization"]["embedding_quantized"] is True and shallow["quantization"]["float_weights"] == []
     graph = onnx.load(str(bundle / shallow["file"]), load_external_data=False).graph
     gather = next(n for n in graph.node if n.op_type == "GatherBlockQuantized")
-    assert {a.name: helper.get_attribute_value(a) for a in gather.attribute}["bits"] == quantize.BITS[precision]
+    assert {a.name: helper.get_attribute_value(a) for a in gather.attribute}["bits"] == 8  # at either precision
     assert quantize.EMBED not in {t.name for t in graph.initializer}
     assert manifest["pieces"]["deep"]["quantization"]["lm_head_quantized"] is True
     deep = onnx.load(str(bundle / manifest["pieces"]["deep"]["file"]), load_external_data=False).graph
