@@ -128,8 +128,8 @@ def _dequantized_reference(model, exit_layer: int, adapter, vocab_map: np.ndarra
     dq_head = head_lm = head_embed = None
     if head is not None:
         dq_head = head
-        head_embed = copy.deepcopy(model.model.embed_tokens)  # the head's own copy, at its own precision
         if draft_spec is not None:
+            head_embed = copy.deepcopy(model.model.embed_tokens)  # the head's own copy, at its own precision
             quantize.fake_quantize_embedding(head_embed, draft_spec)
             dq_head = copy.deepcopy(head)
             quantize.fake_quantize_torch(dq_head, draft_spec)

@@ -333,8 +333,8 @@ def fake_quantize_embedding(embedding, spec: QuantSpec) -> None:
 
     w = embedding.weight.detach().float().cpu().numpy()
     if embedding_quantizable(w.shape[1], spec):
-        embedding.weight = torch.nn.Parameter(torch.from_numpy(fake_quantize(w.T, spec.for_embedding()).T.copy()),
-                                              requires_grad=False)
+        rows = fake_quantize(w.T, spec.for_embedding()).T.copy()
+        embedding.weight = torch.nn.Parameter(torch.from_numpy(rows), requires_grad=False)
 
 
 def fake_quantize_torch(module, spec: QuantSpec, lm_head=None) -> None:

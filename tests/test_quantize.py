@@ -34,14 +34,19 @@ def quantized_bundles(tmp_path_factory, tiny_checkpoint):
     return bundles
 
 
-def _matmul_model(w: np.ndarray) -> onnx.ModelProto:
-    graph = helper.make_graph([helper.make_node("MatMul", ["a", "w"], ["y"], name="mm")], "g",
-                              [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["m", w.shape[0]])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", w.shape[1]])],
-                              [numpy_helper.from_array(w, "w")])
+def _one_node_model(node: onnx.NodeProto, inputs: list, outputs: list, weight: np.ndarray) -> onnx.ModelProto:
+    """A graph of `node` alone, its weight (node.input[0] or [1], named in the node) an initializer."""
+    name = next(n for n in node.input if n not in {i.name for i in inputs})
+    graph = helper.make_graph([node], "g", inputs, outputs, [numpy_helper.from_array(weight, name)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
+
+
+def _matmul_model(w: np.ndarray) -> onnx.ModelProto:
+    return _one_node_model(helper.make_node("MatMul", ["a", "w"], ["y"], name="mm"),
+                           [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["m", w.shape[0]])],
+                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", w.shape[1]])], w)
 
 
 @pytest.mark.parametrize("precision", ["int8", "int4"])
@@ -61,13 +66,9 @@ def test_packing_is_what_onnxruntime_decodes(precision, symmetric):
 
 
 def _embedding_model(table: np.ndarray) -> onnx.ModelProto:
-    node = helper.make_node("Gather", [quantize.EMBED, "ids"], ["x"], axis=0)
-    graph = helper.make_graph([node], "embed", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["b", "s"])],
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", table.shape[1]])],
-                              [numpy_helper.from_array(table, quantize.EMBED)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+    return _one_node_model(helper.make_node("Gather", [quantize.EMBED, "ids"], ["x"], axis=0),
+                           [helper.make_tensor_value_info("ids", TensorProto.INT64, ["b", "s"])],
+                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", table.shape[1]])], table)
 
 
 @pytest.mark.parametrize("precision", ["int8", "int4"])

@@ -140,7 +140,7 @@ class OrtPiece:
         self.name = name
         self.backend, self.handoff = "onnxruntime", "host"
         # the pool is the process's once enabled, for every session opened after (a shared session's too)
-        self.shared_pool = _shared_pool_threads is not None
+        self.shared_pool = shared_pool_in_use()
         if session is None:
             try:
                 session = ort.InferenceSession(str(path), session_options(threads, attention, matmul),

@@ -1,12 +1,11 @@
 """The corpus as it is committed: every shard's token ids in one compressed file, so training elsewhere
 reads the same corpus without generating it again.
 
-A pack holds the shipped part's and the Magpie part's shards (and the Magpie requests and the answers of
-a round a stopped run left unfinished, so a run that grows the corpus further goes on from where the packed
-one stopped), token ids as uint16 where the vocabulary
-allows, deflated: about 3 MB a million response tokens. `unpack` writes them back into the cache
-directories of the same target and settings, refusing a pack made from another target or other settings
-with one sentence. Its sha256 is what the recipe records.
+A pack holds the shipped part's and the Magpie part's shards (and the Magpie requests and the answers of a
+round a stopped run left unfinished, so a run that grows the corpus further goes on from where the packed one
+stopped), token ids as uint16 where the vocabulary allows, deflated: about 3 MB a million response tokens.
+`unpack` writes them back into the cache directories of the same target and settings, refusing a pack made
+from another target or other settings with one sentence. Its sha256 is what the recipe records.
 """
 
 from __future__ import annotations
