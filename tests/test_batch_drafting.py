@@ -108,7 +108,7 @@ def test_a_cancelled_model_request_frees_its_row(session, expected):
     """One cache row: a model request cancelled mid-flight gives it to the next model request, whose drafter
     cache row starts over (its tokens are its AR output)."""
     ids, reference = expected
-    with BatchScheduler(session, max_batch=1) as scheduler:
+    with BatchScheduler(session, max_batch=1, cost=PINNED_COST) as scheduler:
         first = scheduler.submit(ids[0], mode="model", max_new_tokens=200)
         next(iter(first))
         first.cancel()

@@ -24,6 +24,7 @@ from specexport.runtime.errors import SpecExportError
 from specexport.runtime.sampling import SamplingParams
 from transformers import AutoModelForCausalLM
 
+from .batch_calls import PINNED_COST
 from .test_sampling_lossless import assert_lossless, sample_runs
 
 EXIT = 1  # the tiny model has 4 layers: the head reads layers 1, 2 and 3
@@ -131,7 +132,7 @@ def test_head_runs_batched_as_alone(bundles):
     prompts = ("hash table", "the quick brown fox", "bread keeps fresh")
     ids = [session.prompt_ids(p, session.options()) for p in prompts]
     ar = [session.generate_ids(i, max_new_tokens=40, mode="ar").tokens for i in ids]
-    with BatchScheduler(session, max_batch=3) as scheduler:
+    with BatchScheduler(session, max_batch=3, cost=PINNED_COST) as scheduler:
         for overrides in ({"mode": "head"}, {"mode": "head", "tree": "4:3:2:10:0.05:0.2"}):
             with scheduler._wake:  # admitted together, so that their calls meet
                 requests = [scheduler.submit(i, max_new_tokens=40, **overrides) for i in ids]
