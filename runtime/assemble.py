@@ -60,7 +60,8 @@ def decoder(ctx: DecodeContext, plan: Plan, ids: list[int], params: SamplingPara
         return speculative(pieces, wrap(grower(pieces, plan.tree, context)), draft_policy(ctx, plan), ids, params,
                            rng, stats, context, full_trees=ctx.trees_in_full)
     if plan.schedule == "pearl":  # the drafter on a thread of its own beside the target (pearl.py)
-        return pearl_loop(pieces, plan.mode, lambda: draft_policy(ctx, plan), ids, params, rng, stats, context)
+        drafter = DRAFTERS[plan.mode](ctx, plan, stats)
+        return pearl_loop(pieces, drafter, lambda: draft_policy(ctx, plan), ids, params, rng, stats, context)
     return speculative(pieces, wrap(DRAFTERS[plan.mode](ctx, plan, stats)), draft_policy(ctx, plan), ids, params,
                        rng, stats, context, accept=make_verify(plan.verify, plan.beta, plan.tau),
                        full_trees=ctx.trees_in_full)

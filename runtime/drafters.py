@@ -1,9 +1,14 @@
 """Drafters: what proposes the tokens the target verifies.
 
-Every drafter sees the same thing: `history`, the final tokens so far, whose last one is final but in
-no cache yet, at position len(history) - 1. `propose` returns a `Draft`; after verification the loop
-calls `advance` with the shallow states of the verified positions and how many of them became final,
-so each drafter brings its own state (caches, pending states) up to date whichever drafter ran.
+One protocol, `Drafter`, for every schedule. Every drafter sees the same thing: `history`, the final tokens
+so far, whose last one is final but in no cache yet, at position len(history) - 1. `start` begins a
+generation; `propose` drafts up to `budget` tokens as a `Draft`; after verification the sequential loop calls
+`advance` with the shallow states of the verified positions and how many of them became final, so each
+drafter brings its own state (caches, pending states) up to date whichever drafter ran.
+
+A drafter that drafts one token at a time (`OneByOne`: self, model, head) also answers `step`, one draft after
+a given token, and `rollback` to a final history; its `propose` is those steps in a loop, and PEARL's drafter
+thread (runtime/pearl.py) calls them directly, telling it through `verified` which positions became final.
 
 - `SelfDrafter`: Kangaroo's shallow layers + adapter (the target's own early exit).
 - `ModelDrafter`: an independent small LM, the bundle's `drafter` piece, with its own cache.
@@ -26,6 +31,19 @@ from .decode import Pieces, ids_array
 from .policies import DraftPolicy, DraftSignal
 from .sampling import SamplingParams, probabilities, sample
 from .stats import Stats
+
+
+@dataclass(frozen=True)
+class Step:
+    """One draft token: the draft for position pos + 1 after the token at pos, its distribution (sampling only)
+    and the drafter's confidence; `hidden` is the shallow state of position pos when the drafter made it (the
+    self-draft), else None."""
+
+    hidden: np.ndarray | None
+    token: int
+    q: np.ndarray | None
+    signal: DraftSignal
+    catchup: bool = False  # it read a backlog first (the prompt, positions others verified): not a per-step cost
 
 
 @dataclass
@@ -53,6 +71,52 @@ class Drafter(Protocol):
         """`hidden` [1, n, H] are the shallow states of positions pos.. of the step; the first `final`
         of those positions are now final."""
         ...
+
+
+class OneByOne(Drafter, Protocol):
+    """A drafter that can draft one token at a time, as PEARL's drafter thread asks (self, model and head;
+    lookup copies a span at once, and the trees, hier and auto decide over a whole step)."""
+
+    makes_hidden: bool  # whether its steps carry the shallow states `deep` verifies; such a drafter's
+    # one-token shallow call is its attribute `shallow(token, pos)`, which a schedule may replace
+    def step(self, token: int, pos: int, params: SamplingParams, rng: np.random.Generator | None) -> Step:
+        """The draft for position pos + 1, after `token` at pos: the last final token, or the previous step's
+        draft (steps go up one position at a time until a rollback)."""
+        ...
+
+    def rollback(self, history: list[int]) -> None:
+        """Drafting restarts after the final `history`: every token of it but the last was a step's input or
+        its draft before."""
+        ...
+
+    def verified(self, pos: int, final: int) -> None:
+        """Positions pos .. pos + final - 1 became final in `deep`'s last call. Called on the verifier's thread
+        while steps run on another, so a drafter only copies what it needs here, under its own lock."""
+        ...
+
+
+def one_token_steps(drafter: OneByOne, history: list[int], budget: int, policy: DraftPolicy,
+                    params: SamplingParams, rng: np.random.Generator) -> tuple[list[Step], float]:
+    """A sequential step's chain: `drafter.step` from history[-1] until the budget or the policy stops it; and
+    the seconds of the first step when it read a backlog (the prompt, or positions other drafters verified),
+    which is not a per-step cost."""
+    pos = len(history) - 1
+    steps: list[Step] = []
+    token, catchup = history[-1], 0.0
+    while len(steps) < budget:
+        t0 = time.perf_counter()
+        steps.append(drafter.step(token, pos + len(steps), params, rng))
+        if steps[-1].catchup:
+            catchup = time.perf_counter() - t0
+        token = steps[-1].token
+        if not policy.keep_going(len(steps), steps[-1].signal):
+            break
+    return steps, catchup
+
+
+def draft_of(steps: list[Step], catchup: float, hidden: np.ndarray | None = None) -> Draft:
+    qs = [s.q for s in steps if s.q is not None]
+    return Draft([s.token for s in steps], qs or None, hidden, catchup)
 
 
 def choose(out: dict[str, np.ndarray], params: SamplingParams, rng: np.random.Generator,
@@ -103,37 +167,45 @@ class SelfDrafter:
     """Kangaroo's double early exit: shallow layers + adapter, token by token.
 
     The shallow states it computes on the way are the verifier's input, so `deep` never makes the
-    shallow layers run twice on a token."""
+    shallow layers run twice on a token. `shallow` is the one-token shallow call; PEARL's TensorRT handoff
+    replaces it with one that also leaves the state on the device for `deep`."""
 
     name = "self"
+    makes_hidden = True
 
     def __init__(self, pieces: Pieces) -> None:
         self.pieces = pieces
         self.adapter = AdapterState(pieces.adapter)
+        self.shallow: Callable[[int, int], np.ndarray] = (
+            lambda token, pos: pieces.shallow.run(ids_array([token]), pos)["hidden"])
 
     def start(self, prompt: list[int], hidden: np.ndarray) -> None:
         self.adapter.start(hidden)
 
+    def step(self, token: int, pos: int, params: SamplingParams, rng: np.random.Generator | None) -> Step:
+        h = self.shallow(token, pos)
+        backlog = self.adapter.pending.shape[1]
+        x, q, signal = choose(self.adapter.read(h, pos), params, rng, self.pieces.draft_vocab,
+                              self.pieces.vocab_size)
+        return Step(h, x, q, signal, backlog > 1)
+
     def propose(self, history: list[int], budget: int, policy: DraftPolicy, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
-        p = self.pieces
-        pos = len(history) - 1
-        drafts, qs, hs = [], [], []
-        x, stop, catchup = history[-1], False, 0.0
-        while True:
-            hs.append(p.shallow.run(ids_array([x]), pos + len(hs))["hidden"])
-            if stop or len(drafts) == budget:
-                break
-            t0, backlog = time.perf_counter(), self.adapter.pending.shape[1]
-            out = self.adapter.read(hs[-1], pos + len(hs) - 1)
-            if backlog > 1:  # positions other drafters verified (or the prompt): a one-off cost
-                catchup = time.perf_counter() - t0
-            x, q, signal = choose(out, params, rng, p.draft_vocab, p.vocab_size)
-            drafts.append(x)
-            if q is not None:
-                qs.append(q)
-            stop = not policy.keep_going(len(drafts), signal)
-        return Draft(drafts, qs or None, join_states(hs), catchup)
+        steps, catchup = one_token_steps(self, history, budget, policy, params, rng)
+        last = steps[-1].token if steps else history[-1]
+        # the last draft's state too: deep verifies every drafted position
+        states = [*(s.hidden for s in steps), self.shallow(last, len(history) - 1 + len(steps))]
+        return draft_of(steps, catchup, join_states(states))
+
+    def rollback(self, history: list[int]) -> None:
+        end = len(history) - 1
+        # every verified position was drafted from, so the adapter has read all final positions
+        if self.adapter.seen < end:
+            raise RuntimeError(f"self-draft rollback to {end} but the adapter has read only {self.adapter.seen}")
+        self.adapter.seen, self.adapter.pending = end, self.adapter.pending[:, :0]
+
+    def verified(self, pos: int, final: int) -> None:
+        pass  # its steps read the very states deep verified
 
     def advance(self, hidden: np.ndarray, pos: int, final: int) -> None:
         self.adapter.advance(hidden, pos, final)
@@ -151,63 +223,68 @@ def fed_prefix(fed: list[int], seq: list[int], start: int, limit: int) -> int:
 class ModelDrafter:
     """An independent small LM (the bundle's `drafter` piece) drafting token by token.
 
-    Its cache is tracked by the tokens fed at each position (`fed`): a propose feeds only the history
-    positions not already there with the right token, so after a rejection the positions past the
-    accepted prefix are simply rewritten, and the first propose is the drafter's prefill. `final` counts
-    the positions known final at the last propose (history only grows), so the check stays short."""
+    Its cache is tracked by the tokens fed at each position (`fed`); `seq` is what it drafts from: the final
+    tokens, then its own drafts. A step feeds only the positions of `seq` not already in the cache with the
+    right token, so after a rejection the positions past the accepted prefix are simply rewritten, and the
+    first step is the drafter's prefill. The first `synced` positions of `fed` are known to hold `seq`, and
+    the first `final` of `seq` are final, so a step compares only the positions after them."""
 
     name = "model"
+    makes_hidden = False
 
     def __init__(self, pieces: Pieces) -> None:
         self.piece = pieces.drafter
         self.vocab_map = pieces.drafter_vocab
         self.vocab_size = pieces.vocab_size
+        self.start([], None)
+
+    def start(self, prompt: list[int], hidden: np.ndarray | None) -> None:
         self.fed: list[int] = []
-        self.final = 0
+        self.seq, self.synced, self.final = list(prompt), 0, 0
 
-    def start(self, prompt: list[int], hidden: np.ndarray) -> None:
-        self.fed, self.final = [], 0
+    def _resync(self, history: list[int], final: int) -> None:
+        """Draft from `history`, of which the first `final` tokens are final. What the cache holds is known to
+        agree with it as far as the old `seq` was final: other drafters may have run steps since."""
+        self.synced = min(self.synced, self.final, len(history) - 1)
+        self.seq, self.final = list(history), final
 
-    def _cached(self, history: list[int]) -> int:
-        """How many leading history positions the cache already holds correctly (history[-1] excluded:
-        its logits are needed, so it is always fed)."""
-        k = fed_prefix(self.fed, history, min(self.final, len(self.fed)), min(len(self.fed), len(history)))
-        return min(k, len(history) - 1)
-
-    def feed(self, tokens: list[int], at: int) -> dict[str, np.ndarray]:
-        """Run the piece on `tokens` at positions at.. and record what its cache now holds."""
-        out = self.piece.run(ids_array(tokens), at)
-        del self.fed[at:]
-        self.fed.extend(tokens)
-        return out
+    def _feed(self, end: int) -> tuple[dict[str, np.ndarray], int]:
+        """Feed seq[:end] where the cache lacks it: the piece's outputs (their last row: the next-token logits
+        after seq[end - 1]) and how many positions it read."""
+        limit = min(len(self.fed), end - 1)  # seq[end - 1]'s logits are needed, so it is always fed
+        at = fed_prefix(self.fed, self.seq, min(self.synced, limit), limit)
+        out = self.piece.run(ids_array(self.seq[at:end]), at)
+        self.fed[at:] = self.seq[at:end]
+        self.synced = end
+        return out, end - at
 
     def catch_up(self, history: list[int], final: int | None = None) -> dict[str, np.ndarray]:
         """Feed the history the cache lacks, through history[-1]; the outputs hold its next-token logits.
         `final`: how many leading tokens are final, when the rest are not verified yet (all by default)."""
-        at = self._cached(history)
-        out = self.feed(history[at:], at)
-        self.final = len(history) if final is None else final
-        return out
+        self._resync(history, len(history) if final is None else final)
+        return self._feed(len(history))[0]
+
+    def step(self, token: int, pos: int, params: SamplingParams, rng: np.random.Generator | None) -> Step:
+        del self.seq[pos + 1:]
+        if len(self.seq) == pos:
+            self.seq.append(token)
+        out, read = self._feed(pos + 1)
+        x, q, signal = choose(out, params, rng, self.vocab_map, self.vocab_size)
+        # more than the last draft + the target's token: the prefill, or other drafters' steps
+        return Step(None, x, q, signal, read > 2)
 
     def propose(self, history: list[int], budget: int, policy: DraftPolicy, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
-        at = self._cached(history)
-        feed = history[at:]
-        drafts, qs, catchup = [], [], 0.0
-        while len(drafts) < budget:
-            t0 = time.perf_counter()
-            out = self.feed(feed, at)
-            if len(feed) > 2:  # more than the last draft + the target's token: the prefill, or other drafters' steps
-                catchup = time.perf_counter() - t0
-            x, q, signal = choose(out, params, rng, self.vocab_map, self.vocab_size)
-            drafts.append(x)
-            if q is not None:
-                qs.append(q)
-            if not policy.keep_going(len(drafts), signal):
-                break
-            at, feed = at + len(feed), [x]
+        self._resync(history, len(history))
+        return draft_of(*one_token_steps(self, history, budget, policy, params, rng))
+
+    def rollback(self, history: list[int]) -> None:
+        # PEARL: history[:-1] are the old final tokens and the accepted drafts, all of them in the old `seq`
+        self.seq, self.synced = list(history), min(self.synced, len(history) - 1)
         self.final = len(history)
-        return Draft(drafts, qs or None, catchup_s=catchup)
+
+    def verified(self, pos: int, final: int) -> None:
+        pass  # a step compares its cache with the tokens
 
     def advance(self, hidden: np.ndarray, pos: int, final: int) -> None:
         pass  # the next propose compares its cache with the history

@@ -15,16 +15,17 @@ the head never needs a call of its own to catch up beyond its first draft step.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
 
 from .backends.common import TreeMask, WrappedPiece
 from .decode import Pieces, ids_array
-from .drafters import Draft, LookupDrafter, choose
+from .drafters import Draft, Step, choose, draft_of, one_token_steps
 from .policies import DraftPolicy
 from .sampling import SamplingParams
-from .tree import TreeShape, children, graft, next_frontier, select
+from .tree import Node, TreeGrower, TreeShape
 
 
 class FeatureTap(WrappedPiece):
@@ -50,28 +51,43 @@ class FeatureTap(WrappedPiece):
 
 class HeadState:
     """The head's cache and the target states it has not read: its cache holds slots [0, seen) read from
-    target states; `pending` holds the target states of final positions [seen, ...)."""
+    target states; `pending` holds the target states of final positions [seen, ...), queued by `advance` (on
+    PEARL's verifier thread, hence the lock; every other use is on one thread)."""
 
     def __init__(self, pieces: Pieces) -> None:
         self.piece, self.tap = pieces.head, pieces.deep
+        self.lock = threading.Lock()
 
     def start(self, prompt: list[int]) -> None:
-        self.seen, self.pending = 0, self.tap.features[:, :len(prompt)]
+        self.seen, self.pending = 0, self.tap.features[:, :len(prompt)].copy()
+        self.last = self.pending[:, :0]  # the target states slot seen - 1 read, should a rollback re-read it
 
-    def read(self, history: list[int]) -> tuple[dict[str, np.ndarray], float]:
-        """Slots seen .. pos - 1 read the target's states and the tokens after them; returns the head's output at
-        slot pos - 1 (the first draft's distribution) and the seconds spent on a backlog (the prompt, or steps
-        other drafters ran), which is not a per-step cost."""
-        pos = len(history) - 1
-        t0 = time.perf_counter()
-        backlog = self.pending.shape[1]
-        out = self.piece.run(ids_array(history[self.seen + 1:pos + 1]), self.seen, extra={"features": self.pending})
-        self.seen, self.pending = pos, self.pending[:, :0]
-        return out, time.perf_counter() - t0 if backlog > 2 else 0.0
+    def ready(self, pos: int) -> bool:
+        """Whether the target states of every position before `pos` are known."""
+        with self.lock:
+            return self.seen + self.pending.shape[1] >= pos
+
+    def read(self, seq: list[int], pos: int) -> tuple[dict[str, np.ndarray], bool]:
+        """Slots seen .. pos - 1 read the target's states and the tokens after them (seq[seen + 1 .. pos]);
+        returns the head's output at slot pos - 1 (the distribution of the draft for pos + 1) and whether it
+        read a backlog (the prompt, or steps other drafters ran), whose time is not a per-step cost."""
+        with self.lock:
+            feats, self.pending = self.pending[:, :pos - self.seen], self.pending[:, pos - self.seen:]
+        out = self.piece.run(ids_array(seq[self.seen + 1:pos + 1]), self.seen, extra={"features": feats})
+        self.seen, self.last = pos, feats[:, -1:]
+        return out, feats.shape[1] > 2
+
+    def rollback(self, end: int) -> None:
+        """Drafting restarts at position `end`: if slot end - 1 read the token at `end`, a draft the verifier has
+        now replaced, it is read again."""
+        if self.seen >= end:
+            with self.lock:
+                self.seen, self.pending = end - 1, np.concatenate([self.last, self.pending], axis=1)
 
     def advance(self, final: int) -> None:
-        rows = self.tap.features[:, :final]
-        self.pending = rows if self.pending.shape[1] == 0 else np.concatenate([self.pending, rows], axis=1)
+        rows = self.tap.features[:, :final].copy()  # the next deep call writes new ones
+        with self.lock:
+            self.pending = rows if self.pending.shape[1] == 0 else np.concatenate([self.pending, rows], axis=1)
 
 
 def own(state: np.ndarray) -> np.ndarray:
@@ -80,9 +96,14 @@ def own(state: np.ndarray) -> np.ndarray:
 
 
 class HeadDrafter:
-    """Chains drafted by the head, token by token; a stopping rule (the draft-length policy) as every chain's."""
+    """Chains drafted by the head, token by token; a stopping rule (the draft-length policy) as every chain's.
+
+    A step reads the target's states wherever they are known for every position before it (the first step of
+    a sequential step; under PEARL, whenever the verifier has caught up), else the head's own state of the
+    step before, as training-time test trained it. `seq` holds the final tokens, then the head's drafts."""
 
     name = "head"
+    makes_hidden = False
 
     def __init__(self, pieces: Pieces) -> None:
         self.head = HeadState(pieces)
@@ -90,81 +111,73 @@ class HeadDrafter:
 
     def start(self, prompt: list[int], hidden: np.ndarray) -> None:
         self.head.start(prompt)
+        self.seq = list(prompt)
+
+    def step(self, token: int, pos: int, params: SamplingParams, rng: np.random.Generator | None) -> Step:
+        del self.seq[pos + 1:]
+        if len(self.seq) == pos:
+            self.seq.append(token)
+        catchup = False
+        if self.head.ready(pos):
+            out, catchup = self.head.read(self.seq, pos)
+        else:
+            out = self.piece.run(ids_array([token]), pos - 1, extra={"features": own(self.state)})
+        self.state = out["state"][:, -1:]
+        x, q, signal = choose(out, params, rng, self.vocab_map, self.vocab_size)
+        return Step(None, x, q, signal, catchup)
 
     def propose(self, history: list[int], budget: int, policy: DraftPolicy, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
-        pos = len(history) - 1
-        out, catchup = self.head.read(history)
-        drafts, qs = [], []
-        while True:
-            x, q, signal = choose(out, params, rng, self.vocab_map, self.vocab_size)
-            drafts.append(x)
-            if q is not None:
-                qs.append(q)
-            if len(drafts) >= budget or not policy.keep_going(len(drafts), signal):
-                break
-            out = self.piece.run(ids_array([x]), pos + len(drafts) - 1, extra={"features": own(out["state"][:, -1:])})
-        return Draft(drafts, qs or None, catchup_s=catchup)
+        self.seq = list(history)
+        return draft_of(*one_token_steps(self, history, budget, policy, params, rng))
+
+    def rollback(self, history: list[int]) -> None:
+        self.seq = list(history)
+        self.head.rollback(len(history) - 1)
+
+    def verified(self, pos: int, final: int) -> None:
+        self.head.advance(final)
 
     def advance(self, hidden: np.ndarray, pos: int, final: int) -> None:
         self.head.advance(final)
 
 
 class HeadTreeDrafter:
-    """EAGLE-2's dynamic tree from the head (greedy): the tree grows as runtime/tree.py's drafter tree does,
-    level by level from the likeliest leaves, each expansion one head call over the frontier with a tree mask.
-    A node's slot reads its parent's head state and its own token, at the position its token's parent holds;
-    slots before the step's are the target-fed ones every node sees. Prompt lookup's continuation joins as
-    one more branch. Where rows off the tree's leading chain are not final (runtime/tree.settle_branch), the next step
-    drafts afresh from the head rather than carrying them as a trunk."""
+    """EAGLE-2's dynamic tree from the head (greedy), grown by runtime/tree.py's `TreeGrower` as the drafter's
+    tree is: each expansion is one head call over the frontier with a tree mask. A node's slot reads its
+    parent's head state and its own token, at the position its token's parent holds; slots before the step's
+    are the target-fed ones every node sees. Where rows off the tree's leading chain are not final
+    (runtime/tree.settle_branch), the next step drafts afresh from the head rather than carrying them as a trunk."""
 
     name = "head-tree"
 
     def __init__(self, pieces: Pieces, shape: TreeShape, max_context: int) -> None:
         self.head = HeadState(pieces)
-        self.piece, self.vocab_map, self.shape = pieces.head, pieces.head_vocab, shape
-        self.lookup = LookupDrafter(pieces.vocab_size, max_context, shape.lookup)
-        self.max_context = max_context
-        self.keep, expand = (np.log(p) if p > 0 else -np.inf for p in (shape.keep, shape.expand))
-        self.extend_floor = max(self.keep, expand)
+        self.piece, self.shape, self.max_context = pieces.head, shape, max_context
+        self.grower = TreeGrower(shape, pieces.head_vocab, pieces.vocab_size, max_context)
 
     def start(self, prompt: list[int], hidden: np.ndarray) -> None:
         self.head.start(prompt)
-        self.lookup.start(prompt, hidden)
+        self.grower.lookup.start(prompt, hidden)
 
     def propose(self, history: list[int], budget: int, policy: DraftPolicy, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
         pos = len(history) - 1
-        out, catchup = self.head.read(history)
-        room = max(0, min(self.shape.nodes, self.max_context - pos - 1))
-        if room == 0:
-            return Draft([], catchup_s=catchup)
-        cands = children(out["logits"][0, -1], -1, 0.0, 1, self.shape.width, self.vocab_map)
-        states = {-1: out["state"][:, -1:]}
-        level, slot = list(range(len(cands))), pos
-        for depth in range(2, self.shape.depth + 1):
-            if slot + self.shape.width > self.max_context - 1:  # the head's cache ends here
-                break
-            frontier, visible = next_frontier(cands, level, self.shape.width, room, self.extend_floor, slot, pos)
-            if not frontier:
-                break
+        t0 = time.perf_counter()
+        out, backlog = self.head.read(history, pos)
+        catchup = time.perf_counter() - t0 if backlog else 0.0
+        states = {-1: out["state"][:, -1:]}  # the head's state at each expanded node; -1: the root's
+
+        def expand(cands: list[Node], frontier: list[int], slot: int, visible: np.ndarray, depth: int) -> np.ndarray:
             mask = TreeMask(pos, np.array([depth - 2] * len(frontier)), visible)
             feats = own(np.concatenate([states[cands[i].parent] for i in frontier], axis=1))
-            out = self.piece.run(ids_array([cands[i].token for i in frontier]), slot, keep=len(frontier), tree=mask,
+            res = self.piece.run(ids_array([cands[i].token for i in frontier]), slot, keep=len(frontier), tree=mask,
                                  extra={"features": feats})
-            slot += len(frontier)
-            level = []
-            for row, i in enumerate(frontier):
-                states[i] = out["state"][:, row:row + 1]
-                kids = children(out["logits"][0, row], i, cands[i].score, depth, self.shape.width, self.vocab_map)
-                level.extend(range(len(cands), len(cands) + len(kids)))
-                cands.extend(kids)
-        tokens, parents = select(cands, min(room, sum(c.score >= self.keep for c in cands)))
-        tokens[0] = history[-1]
-        n, end = self.lookup.match(history) if self.shape.lookup else (0, -1)
-        if n:
-            graft(tokens, parents, history[end + 1:end + 1 + min(self.lookup.max_tokens,
-                                                                    self.max_context - pos - len(tokens))])
+            states.update((i, res["state"][:, row:row + 1]) for row, i in enumerate(frontier))
+            return res["logits"][0]
+
+        nodes = max(0, min(self.shape.nodes, self.max_context - pos - 1))
+        tokens, parents = self.grower.grow(history, out["logits"][0, -1], expand, pos, self.max_context - 1, nodes)
         if len(tokens) == 1:
             return Draft([], catchup_s=catchup)
         return Draft(tokens[1:], parents=parents, catchup_s=catchup)

@@ -19,14 +19,17 @@ does not depend on how the two threads happened to interleave (it is another sam
 loop's for the same seed, which draws from one stream in call order; both follow the target's
 distribution).
 
-Threads and handoff: the drafter thread owns the drafting pieces (shallow + adapter for the self-draft,
-the drafter piece for an independent model); the verifier (the caller's thread) owns `deep` (and, for
-an independent drafter, `shallow`). No piece ever runs on both threads. Drafts and the self-draft's
-shallow states pass from the drafter to the verifier as immutable `Item`s under one condition variable;
-a rollback is a request the drafter applies on its own thread before its next step, and a step that was
-running when the request came is dropped. ONNX Runtime releases the GIL while a piece runs, so the two
-threads really overlap; each session needs a thread pool of its own (not the process-wide shared pool),
-sized by `pearl_threads`. On TensorRT the same loop runs with the two threads on two CUDA streams
+Any drafter that drafts one token at a time runs here, through the drafters' own protocol (runtime/drafters.py
+`OneByOne`: `step`, `rollback`, `verified`): the self-draft, the drafter piece and the draft head. Threads and
+handoff: the drafter thread owns the drafting pieces (shallow + adapter for the self-draft, the drafter piece,
+the head); the verifier (the caller's thread) owns `deep` (and, for a drafter that makes no shallow states,
+`shallow`). No piece ever runs on both threads. Drafts and the self-draft's shallow states pass from the
+drafter to the verifier as immutable `Step`s under one condition variable; a rollback is a request the drafter
+applies on its own thread before its next step, and a step that was running when the request came is dropped.
+The head reads the target's states of the verified positions, which the verifier copies out of `deep`'s last
+call for it (`verified`) before it asks for a rollback. ONNX Runtime releases the GIL while a piece runs, so
+the two threads really overlap; each session needs a thread pool of its own (not the process-wide shared
+pool), sized by `pearl_threads`. On TensorRT the same loop runs with the two threads on two CUDA streams
 (runtime/backends/cuda_streams.py, not run on a GPU yet).
 """
 
@@ -35,22 +38,20 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
 from .backends.common import join_states
 from .decode import Pieces, ids_array, prefill
-from .drafters import AdapterState, choose, fed_prefix
+from .drafters import OneByOne, Step
 from .errors import SpecExportError
-from .policies import DraftPolicy, DraftSignal
+from .policies import DraftPolicy
 from .sampling import SamplingParams, pick
 from .speculative import judge
 from .stats import Stats
 
 DRAFT_KEY, VERIFY_KEY = 0, 1
-DRAFTER_PIECES = ("shallow", "adapter", "drafter")
+DRAFTER_PIECES = ("shallow", "adapter", "drafter", "head")
 
 
 def pearl_threads(total: int) -> dict[str, int]:
@@ -69,96 +70,6 @@ def keyed_rng(seed: int, kind: int, pos: int, epoch: int) -> np.random.Generator
     return np.random.default_rng((seed, kind, pos, epoch))
 
 
-@dataclass(frozen=True)
-class Item:
-    """One drafter step: the shallow state of position pos (self-draft; None for an independent
-    drafter) and the draft for position pos + 1 with its distribution (sampling only)."""
-
-    hidden: np.ndarray | None
-    token: int
-    q: np.ndarray | None
-    signal: DraftSignal
-
-
-class Stepper(Protocol):
-    """A drafter that drafts one token at a time on the drafter thread."""
-
-    makes_hidden: bool  # whether items carry the shallow states `deep` needs
-
-    def start(self, prompt: list[int], hidden: np.ndarray) -> None:
-        ...
-
-    def restart(self, history: list[int]) -> None:
-        """Roll back to the final `history` (its last token is at position len(history) - 1)."""
-        ...
-
-    def step(self, token: int, pos: int, params: SamplingParams, rng: np.random.Generator | None) -> Item:
-        ...
-
-
-class SelfStepper:
-    """Kangaroo's self-draft one token at a time: shallow on the token, the adapter on its state."""
-
-    makes_hidden = True
-
-    def __init__(self, pieces: Pieces, shallow=None) -> None:
-        self.pieces = pieces
-        self.adapter = AdapterState(pieces.adapter)
-        # the shallow call; TensorRT's handoff replaces it with one that also leaves the state on the device
-        self.shallow = shallow or HostHandoff(pieces).shallow
-
-    def start(self, prompt: list[int], hidden: np.ndarray) -> None:
-        self.adapter.start(hidden)
-
-    def restart(self, history: list[int]) -> None:
-        end = len(history) - 1
-        # every verified position was drafted from, so the adapter has read all final positions
-        if self.adapter.seen < end:
-            raise RuntimeError(f"self-draft rollback to {end} but the adapter has read only {self.adapter.seen}")
-        self.adapter.seen, self.adapter.pending = end, self.adapter.pending[:, :0]
-
-    def step(self, token: int, pos: int, params: SamplingParams, rng: np.random.Generator | None) -> Item:
-        h = self.shallow(token, pos)
-        out = self.adapter.read(h, pos)
-        x, q, signal = choose(out, params, rng, self.pieces.draft_vocab, self.pieces.vocab_size)
-        return Item(h, x, q, signal)
-
-
-class ModelStepper:
-    """An independent small LM (the `drafter` piece) one token at a time. `fed` is what its cache holds
-    by position; a step feeds what is missing, so the first step after a rollback re-reads the positions
-    the rollback changed (and the very first is its prefill). `synced` positions of `fed` are known to
-    hold `seq`, so a step compares only the positions after them, not the whole history."""
-
-    makes_hidden = False
-
-    def __init__(self, pieces: Pieces) -> None:
-        self.pieces = pieces
-        self.fed: list[int] = []
-        self.seq: list[int] = []  # the final tokens, then this epoch's drafts
-        self.synced = 0
-
-    def start(self, prompt: list[int], hidden: np.ndarray) -> None:
-        self.fed, self.seq, self.synced = [], list(prompt), 0
-
-    def restart(self, history: list[int]) -> None:
-        # history[:-1] is the old final tokens and the accepted drafts, all of them in the old `seq`
-        self.seq, self.synced = list(history), min(self.synced, len(history) - 1)
-
-    def step(self, token: int, pos: int, params: SamplingParams, rng: np.random.Generator | None) -> Item:
-        seq = self.seq
-        seq[pos + 1:] = []
-        if len(seq) == pos:
-            seq.append(token)
-        limit = min(len(self.fed), pos)
-        at = fed_prefix(self.fed, seq, min(self.synced, limit), limit)
-        out = self.pieces.drafter.run(ids_array(seq[at:pos + 1]), at)
-        self.fed[at:] = seq[at:pos + 1]
-        self.synced = pos + 1
-        x, q, signal = choose(out, params, rng, self.pieces.drafter_vocab, self.pieces.vocab_size)
-        return Item(None, x, q, signal)
-
-
 class HostHandoff:
     """CPU: the self-draft's shallow states reach `deep` inside the items, as numpy arrays."""
 
@@ -168,7 +79,7 @@ class HostHandoff:
     def shallow(self, token: int, pos: int) -> np.ndarray:
         return self.pieces.shallow.run(ids_array([token]), pos)["hidden"]
 
-    def deep(self, items: list[Item], tokens: list[int], pos: int) -> np.ndarray:
+    def deep(self, items: list[Step], tokens: list[int], pos: int) -> np.ndarray:
         """Logits [n, V] of positions pos..pos+n-1: `tokens` are their tokens, for drafters without states."""
         if items[0].hidden is not None:
             hidden = join_states([it.hidden for it in items])
@@ -187,12 +98,12 @@ class DraftWorker:
     verifier. The drafter runs while fewer than `window` items wait and the policy has not paused it,
     and stops at the end of the context."""
 
-    def __init__(self, stepper: Stepper, policy: DraftPolicy, params: SamplingParams, seed: int,
+    def __init__(self, drafter: OneByOne, policy: DraftPolicy, params: SamplingParams, seed: int,
                  max_context: int) -> None:
-        self.stepper, self.policy, self.params = stepper, policy, params
+        self.drafter, self.policy, self.params = drafter, policy, params
         self.seed, self.max_context = seed, max_context
         self.cv = threading.Condition()
-        self.items: list[Item] = []
+        self.items: list[Step] = []
         self.base = self.taken = self.run_length = 0
         self.window = 1
         self.paused = False
@@ -207,12 +118,12 @@ class DraftWorker:
     # -- verifier side ---------------------------------------------------------------------------
 
     def start(self, history: list[int]) -> None:
-        """Draft from the first token after the prefill (the stepper has read the prompt)."""
+        """Draft from the first token after the prefill (the drafter has read the prompt)."""
         self.base, self.next = len(history) - 1, (history[-1], len(history) - 1)
         self.window = max(1, self.policy.budget())
         self.thread.start()
 
-    def take(self) -> tuple[int, int, list[Item]]:
+    def take(self) -> tuple[int, int, list[Step]]:
         """(position, epoch, items) of every draft not handed over yet, waiting for at least one (none only
         at the end of the context); the drafter may then draft `policy.budget()` more while the verifier
         works."""
@@ -262,7 +173,7 @@ class DraftWorker:
                         return
                     if self.request is not None:
                         history, self.request = self.request, None
-                        self.stepper.restart(history)
+                        self.drafter.rollback(history)
                         self.items, self.base, self.taken = [], len(history) - 1, 0
                         self.run_length, self.paused = 0, False
                         self.next = (history[-1], len(history) - 1)
@@ -270,7 +181,7 @@ class DraftWorker:
                             continue
                     (token, pos), epoch, run = self.next, self.epoch, self.run_length
                 rng = None if self.params.greedy else keyed_rng(self.seed, DRAFT_KEY, pos + 1, epoch)
-                item = self.stepper.step(token, pos, self.params, rng)  # the pieces run outside the lock
+                item = self.drafter.step(token, pos, self.params, rng)  # the pieces run outside the lock
                 keep_going = self.policy.keep_going(run + 1, item.signal)
                 with self.cv:
                     if self.request is not None or self.closing:
@@ -287,7 +198,7 @@ class DraftWorker:
                 self.cv.notify_all()
 
 
-def judge_items(items: list[Item], logits: np.ndarray, params: SamplingParams, seed: int, pos: int,
+def judge_items(items: list[Step], logits: np.ndarray, params: SamplingParams, seed: int, pos: int,
                 epoch: int) -> tuple[list[int], int]:
     """(new final tokens, accepted drafts): logits[i] is the target's view of position pos + i + 1, whose
     draft is items[i].token, judged by the sequential loop's rule with a draw keyed by position. No bonus
@@ -319,20 +230,20 @@ def make_handoff(pieces: Pieces, self_draft: bool):
     return HostHandoff(pieces)
 
 
-def pearl(pieces: Pieces, stepper: Stepper, policy: DraftPolicy, prompt: list[int], params: SamplingParams,
+def pearl(pieces: Pieces, drafter: OneByOne, policy: DraftPolicy, prompt: list[int], params: SamplingParams,
           rng: np.random.Generator, stats: Stats, max_context: int, handoff=None) -> Iterator[list[int]]:
     """Drafter and verifier side by side; yields the new final tokens, as `speculative` does."""
     check_thread_pools(pieces)
-    handoff = handoff or make_handoff(pieces, stepper.makes_hidden)
-    if isinstance(stepper, SelfStepper):
-        stepper.shallow = handoff.shallow
+    handoff = handoff or make_handoff(pieces, drafter.makes_hidden)
+    if drafter.makes_hidden:  # its one-token shallow call, through the handoff (on TensorRT: to the device too)
+        drafter.shallow = handoff.shallow
     worker = None
     try:
         hidden, logits = prefill(pieces, prompt, stats)
         history = [*prompt, pick(logits[0, -1], params, rng)]
         seed = int(rng.integers(2**63))  # the keyed draws of this generation
-        stepper.start(prompt, hidden)
-        worker = DraftWorker(stepper, policy, params, seed, max_context)
+        drafter.start(prompt, hidden)
+        worker = DraftWorker(drafter, policy, params, seed, max_context)
         stats.extra["schedule"] = "pearl"
         worker.start(history)
         yield history[-1:]
@@ -345,6 +256,7 @@ def pearl(pieces: Pieces, stepper: Stepper, policy: DraftPolicy, prompt: list[in
             tokens = [history[-1], *(it.token for it in items[:-1])]
             logits = handoff.deep(items, tokens, pos)
             new, accepted = judge_items(items, logits, params, seed, pos, epoch)
+            drafter.verified(pos, len(new))
             if accepted < len(items):
                 worker.rollback([*history, *new])  # before yielding, so the drafter restarts at once
             t2 = time.perf_counter()
@@ -359,11 +271,10 @@ def pearl(pieces: Pieces, stepper: Stepper, policy: DraftPolicy, prompt: list[in
         handoff.close()
 
 
-def pearl_loop(pieces: Pieces, mode: str, make_policy: Callable[[], DraftPolicy], prompt: list[int],
+def pearl_loop(pieces: Pieces, drafter: OneByOne, make_policy: Callable[[], DraftPolicy], prompt: list[int],
                params: SamplingParams, rng: np.random.Generator, stats: Stats, max_context: int) -> Iterator[list[int]]:
-    """The session's entry for a plan that schedules PEARL (runtime/plan.py resolved `mode` to self or model):
-    builds everything before the first token, so that the goodput policy times the pieces before the prefill."""
+    """The session's entry for a plan that schedules PEARL (runtime/plan.py resolved its mode to one whose drafter
+    drafts one token at a time): builds everything before the first token, so that the goodput policy times the
+    pieces before the prefill."""
     check_thread_pools(pieces)
-    policy = make_policy()
-    stepper = SelfStepper(pieces) if mode == "self" else ModelStepper(pieces)
-    return pearl(pieces, stepper, policy, prompt, params, rng, stats, max_context)
+    return pearl(pieces, drafter, make_policy(), prompt, params, rng, stats, max_context)

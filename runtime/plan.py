@@ -27,7 +27,8 @@ PIECE_FIXES = {"adapter": "an adapter (`specexport build --adapter auto`)",
                "drafter": "a drafter (`specexport build --drafter DIR`, a same-tokenizer checkpoint)",
                "head": "a draft head (`specexport build --head DIR`, trained with `specexport train-head`)"}
 TREE_GROWERS = {"model": "drafter", "head": "head"}  # mode -> the piece that grows its token trees
-PEARL_MODES = {"self": "adapter", "model": "drafter"}  # mode -> the piece PEARL's drafter thread runs
+# mode -> the piece PEARL's drafter thread runs: the modes whose drafters draft one token at a time (OneByOne)
+PEARL_MODES = {"self": "adapter", "model": "drafter", "head": "head"}
 TREE_INPUT = "attention_bias"  # pieces built before token trees do not take it
 
 
@@ -135,7 +136,7 @@ def _tree(opts: Options, greedy: bool, caps: Capabilities) -> TreeShape:
 
 
 def _pearl_mode(mode: str, caps: Capabilities) -> str:
-    """The mode PEARL runs: auto becomes the self-draft (or the drafter piece when there is no adapter)."""
+    """The mode PEARL runs: auto becomes the self-draft (or, lacking an adapter, the drafter piece, then the head)."""
     if mode == "auto":
         ran = next((m for m, piece in PEARL_MODES.items() if piece in caps.pieces), None)
         if ran is None:
@@ -144,5 +145,5 @@ def _pearl_mode(mode: str, caps: Capabilities) -> str:
         return ran
     if mode not in PEARL_MODES:
         raise OptionError(f"schedule pearl drafts one token at a time on a thread of its own, which modes"
-                          f" {' and '.join(PEARL_MODES)} do, not {mode}; use schedule sequential")
+                          f" {', '.join(PEARL_MODES)} do, not {mode}; use schedule sequential")
     return mode

@@ -22,6 +22,7 @@ same for 1 or 64 tokens; on a CPU it does not (BENCHMARKS.md), so the node budge
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -101,33 +102,79 @@ def children(logits: np.ndarray, parent: int, base: float, depth: int, width: in
     return [Node(int(t), parent, base + float(logp[i]), depth) for t, i in zip(ids, top, strict=True)]
 
 
+Expand = Callable[[list[Node], list[int], int, np.ndarray, int], np.ndarray]
+
+
+class TreeGrower:
+    """EAGLE-2's dynamic tree, for every piece that grows one (the drafter, runtime/head.py's head): from the
+    root's distribution, level by level, the `width` likeliest leaves go through the piece in one call with a
+    tree mask (`expand`, the piece's own), then the likeliest candidates form the tree and prompt lookup's
+    continuation joins it as one more branch when the text so far repeats."""
+
+    def __init__(self, shape: TreeShape, vocab_map: np.ndarray | None, vocab_size: int, max_context: int) -> None:
+        self.shape, self.vocab_map = shape, vocab_map
+        self.lookup = LookupDrafter(vocab_size, max_context, shape.lookup)
+        # the floors as branch scores (log-probabilities); 0 means no floor. A leaf below either floor adds
+        # nothing to the tree, so only leaves at or above both are extended.
+        self.keep, expand = (np.log(p) if p > 0 else -np.inf for p in (shape.keep, shape.expand))
+        self.extend_floor = max(self.keep, expand)
+
+    def grow(self, history: list[int], logits: np.ndarray, expand: Expand, slot: int, cache_end: int, nodes: int,
+             final: int | None = None) -> tuple[list[int], list[int]]:
+        """(tokens, parents) of the step's tree in topological order; tokens[0] is history[-1]. `logits`: the
+        piece's distribution of the token after history[-1]; `expand(cands, frontier, slot, visible, depth)`
+        runs the piece on the frontier's tokens at cache slots slot.. (`visible`: each row's slots from
+        len(history) - 1 on) and returns their logits rows; the piece's cache ends at `cache_end`. Only the
+        first `final` tokens of `history` (all by default) enter lookup's index."""
+        pos, width = len(history) - 1, self.shape.width
+        if nodes == 0:
+            return [history[-1]], [-1]
+        cands = children(logits, -1, 0.0, 1, width, self.vocab_map)
+        level = list(range(len(cands)))
+        for depth in range(2, self.shape.depth + 1):
+            if slot + width > cache_end:
+                break
+            frontier, visible = next_frontier(cands, level, width, nodes, self.extend_floor, slot, pos)
+            if not frontier:
+                break
+            rows = expand(cands, frontier, slot, visible, depth)
+            slot += len(frontier)
+            level = []
+            for row, i in enumerate(frontier):
+                kids = children(rows[row], i, cands[i].score, depth, width, self.vocab_map)
+                level.extend(range(len(cands), len(cands) + len(kids)))
+                cands.extend(kids)
+        # the likely enough candidates hang together too, children never being likelier than parents
+        tokens, parents = select(cands, min(nodes, sum(c.score >= self.keep for c in cands)))
+        tokens[0] = history[-1]
+        n, end = self.lookup.match(history, final) if self.shape.lookup else (0, -1)
+        if n:
+            room = self.lookup.max_context - pos - len(tokens)  # every token needs a cache slot
+            graft(tokens, parents, history[end + 1:end + 1 + min(self.lookup.max_tokens, room)])
+        return tokens, parents
+
+
 class TreeDrafter:
-    """Grows a step's tree with the bundle's drafter piece, and grafts prompt lookup's continuation onto
-    it as one more branch when the text so far repeats (a small drafter misses copies of the prompt,
-    which lookup gets right at no cost but their verification). The drafter's cache holds the history
-    through history[-1] (ModelDrafter's bookkeeping does the catching up) and, past it, the expanded
-    tokens of the current tree, which the next step overwrites. A tree's size is its shape's,
-    not the draft-length policy's: the policy only decides whether to draft at all. Greedy decoding
-    only: the session refuses --tree otherwise, and auto offers a tree only then."""
+    """Grows a step's tree with the bundle's drafter piece (`TreeGrower`); prompt lookup's branch catches the
+    copies of the prompt a small drafter misses, which lookup gets right at no cost but their verification.
+    The drafter's cache holds the history through history[-1] (ModelDrafter's bookkeeping does the catching
+    up) and, past it, the expanded tokens of the current tree, which the next step overwrites. A tree's size
+    is its shape's, not the draft-length policy's: the policy only decides whether to draft at all. Greedy
+    decoding only: the session refuses --tree otherwise, and auto offers a tree only then."""
 
     name = "tree"
 
     def __init__(self, pieces: Pieces, shape: TreeShape, max_context: int) -> None:
         self.chain = ModelDrafter(pieces)
-        self.lookup = LookupDrafter(pieces.vocab_size, max_context, shape.lookup)
-        self.piece, self.vocab_map, self.shape = pieces.drafter, pieces.drafter_vocab, shape
-        self.max_context = max_context
-        # the floors as branch scores (log-probabilities); 0 means no floor. A leaf below either floor adds
-        # nothing to the tree, so only leaves at or above both are extended.
-        self.keep, expand = (np.log(p) if p > 0 else -np.inf for p in (shape.keep, shape.expand))
-        self.extend_floor = max(self.keep, expand)
+        self.grower = TreeGrower(shape, pieces.drafter_vocab, pieces.vocab_size, max_context)
+        self.piece, self.shape, self.max_context = pieces.drafter, shape, max_context
 
     def start(self, prompt: list[int], hidden: np.ndarray | None) -> None:
         self.drafting = self.drafted_last = False
         self.draft = Draft([])
         self.trunk_at = -1  # the position of the step the last draft's `ahead` is a trunk for
         self.chain.start(prompt, hidden)
-        self.lookup.start(prompt, hidden)
+        self.grower.lookup.start(prompt, hidden)
 
     def propose(self, history: list[int], budget: int, policy: DraftPolicy, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
@@ -141,8 +188,7 @@ class TreeDrafter:
         # reading what other drafters' steps made (in auto) is not a tree step's cost; reading its own is
         catchup = 0.0 if self.drafted_last else time.perf_counter() - t0
         self.drafting = True
-        tokens, parents = self.grow(seq, out, max(0, min(self.shape.nodes, limit - len(seq))), len(history),
-                                    limit)
+        tokens, parents = self.grow(seq, out, max(0, min(self.shape.nodes, limit - len(seq))), len(history))
         m = len(trunk)
         if len(tokens) == 1:  # nothing likely enough: the trunk alone, or a plain one-token step
             self.draft = Draft(trunk, catchup_s=catchup)
@@ -156,40 +202,19 @@ class TreeDrafter:
         self.trunk_at = pos + final if self.drafting else -1
         self.drafted_last, self.drafting = self.drafting, False
 
-    def grow(self, history: list[int], out: dict[str, np.ndarray], nodes: int, final: int | None = None,
-             limit: int | None = None) -> tuple[list[int], list[int]]:
-        """(tokens, parents) of the step's tree in topological order; tokens[0] is history[-1]. `out` is the
-        drafter's output at history[-1], its cache holding the history through it. The first `final`
-        tokens of `history` are final (the rest a trunk not verified yet): only they enter lookup's index."""
-        pos, max_context = len(history) - 1, limit or self.max_context
-        if nodes == 0:
-            return [history[-1]], [-1]
-        cands = children(out["logits"][0, -1], -1, 0.0, 1, self.shape.width, self.vocab_map)
-        level = list(range(len(cands)))
-        slot = pos + 1
-        for depth in range(2, self.shape.depth + 1):
-            if slot + self.shape.width > max_context:  # the drafter's cache ends here
-                break
-            frontier, visible = next_frontier(cands, level, self.shape.width, nodes, self.extend_floor, slot, pos)
-            if not frontier:
-                break
-            visible[:, 0] = True  # the root
+    def grow(self, history: list[int], out: dict[str, np.ndarray], nodes: int,
+             final: int | None = None) -> tuple[list[int], list[int]]:
+        """The tree from `out`, the drafter's output at history[-1], its cache holding the history through it:
+        its slots past history[-1] take the expanded tokens."""
+        pos = len(history) - 1
+
+        def expand(cands: list[Node], frontier: list[int], slot: int, visible: np.ndarray, depth: int) -> np.ndarray:
+            visible[:, 0] = True  # the root, in the drafter's cache at pos
             mask = TreeMask(pos, np.array([depth - 1] * len(frontier)), visible)
-            out = self.piece.run(ids_array([cands[i].token for i in frontier]), slot, keep=len(frontier), tree=mask)
-            slot += len(frontier)
-            level = []
-            for row, i in enumerate(frontier):
-                kids = children(out["logits"][0, row], i, cands[i].score, depth, self.shape.width, self.vocab_map)
-                level.extend(range(len(cands), len(cands) + len(kids)))
-                cands.extend(kids)
-        # the likely enough candidates hang together too, children never being likelier than parents
-        tokens, parents = select(cands, min(nodes, sum(c.score >= self.keep for c in cands)))
-        tokens[0] = history[-1]
-        n, end = self.lookup.match(history, final) if self.shape.lookup else (0, -1)
-        if n:
-            room = max_context - pos - len(tokens)  # every token needs a cache slot
-            graft(tokens, parents, history[end + 1:end + 1 + min(self.lookup.max_tokens, room)])
-        return tokens, parents
+            ids = ids_array([cands[i].token for i in frontier])
+            return self.piece.run(ids, slot, keep=len(frontier), tree=mask)["logits"][0]
+
+        return self.grower.grow(history, out["logits"][0, -1], expand, pos + 1, self.max_context, nodes, final)
 
 
 def next_frontier(cands: list[Node], level: list[int], width: int, nodes: int, extend_floor: float, slot: int,

@@ -141,6 +141,105 @@ def test_head_runs_batched_as_alone(bundles):
         assert scheduler.counts.max_rows == 3
 
 
+@pytest.mark.parametrize("precision", ["fp32", "int8", "int4"])
+def test_head_drafts_for_pearl_as_ar(bundles, precision):
+    """PEARL's drafter thread runs the head through the drafters' one-token protocol: greedy output is AR's, and
+    the head's drafts, from the target's states where the verifier has handed them over and from its own past
+    them, are accepted as well as rejected."""
+    session = load(bundles[precision], threads=1)
+    drafted = accepted = 0
+    for prompt in ("hash table", "the quick brown fox", "bread keeps fresh"):
+        ar = session.generate(prompt, max_new_tokens=48, mode="ar").tokens
+        for policy in ("fixed:3", "confidence:0.3"):
+            out = session.generate(prompt, max_new_tokens=48, mode="head", schedule="pearl", policy=policy)
+            assert out.tokens == ar, (precision, policy, prompt)
+            assert out.stats.mode == "head, pearl" and out.stats.extra["schedule"] == "pearl"
+            drafted, accepted = drafted + out.stats.drafted, accepted + out.stats.accepted
+    assert 0 < accepted < drafted
+
+
+def test_head_under_pearl_is_race_free(bundles):
+    """Random delays in `deep` and the head shift when the verifier hands the target's states over and when a
+    rollback lands mid-step: 12 runs, every one AR's tokens."""
+    import random
+    from dataclasses import replace
+
+    from specexport.runtime.head import HeadDrafter
+    from specexport.runtime.pearl import pearl
+    from specexport.runtime.policies import make_policy
+    from specexport.runtime.stats import Stats
+
+    from .test_schedules import DelayingPiece
+
+    session = load(bundles["fp32"], threads=1)
+    ids = session.prompt_ids("the quick brown fox", session.options())
+    ar = session.generate_ids(ids, max_new_tokens=32, mode="ar").tokens
+    for run in range(12):
+        delays = random.Random(run)
+        pieces = session.pieces
+        # the delays wrap the head tap, whose features the wrapper answers for
+        pieces = replace(pieces, head=DelayingPiece(pieces.head, delays), deep=DelayingPiece(pieces.deep, delays))
+        loop = pearl(pieces, HeadDrafter(pieces), make_policy(f"fixed:{1 + run % 4}", 4, 0.5), ids,
+                     SamplingParams(), np.random.default_rng(run), Stats(), 256)
+        out: list[int] = []
+        for new in loop:
+            out.extend(new)
+            if len(out) >= 32:
+                break
+        loop.close()
+        assert out[:32] == ar[:32], run
+
+
+def test_head_reads_again_the_slot_a_rollback_overtook(bundles):
+    """The one race PEARL leaves the head: between the verifier's handing over the states of positions it
+    verified and its rollback, the drafter may step from the rejected draft with the target's states. Played
+    out in order here: after the rollback the head's draft is the one a head that never saw the rejected
+    draft makes."""
+    from specexport.runtime.decode import prefill
+    from specexport.runtime.head import HeadDrafter
+    from specexport.runtime.stats import Stats
+
+    session = load(bundles["fp32"], threads=1)
+    pieces = session.pieces
+    prompt = session.prompt_ids("the quick brown fox", session.options())
+    greedy = SamplingParams()
+
+    def verify(tokens: list[int], pos: int) -> np.ndarray:
+        hidden = pieces.shallow.run(ids_array(tokens), pos)["hidden"]
+        return pieces.deep.run(hidden, pos, keep=len(tokens))["logits"][0]
+
+    hidden, logits = prefill(pieces, prompt, Stats())
+    history = [*prompt, int(np.argmax(logits[0, -1]))]
+    pos = len(history) - 1
+    racing = HeadDrafter(pieces)
+    racing.start(prompt, hidden)
+    first = racing.step(history[-1], pos, greedy, None).token
+    target = verify([history[-1], first], pos)  # the target's tokens after history[-1] and after `first`
+    instead = int(np.argmax(target[0]))
+    rejected = first if first != instead else (instead + 1) % session.pieces.vocab_size
+    racing.verified(pos, 1)  # position pos is final: its state is handed over
+    racing.step(rejected, pos + 1, greedy, None)  # the step the rollback overtakes: it read slot pos with `rejected`
+    racing.rollback([*history, instead])
+    after = racing.step(instead, pos + 1, greedy, None)
+
+    fresh = HeadDrafter(pieces)  # the same steps where the verifier's verdict came first
+    hidden, _ = prefill(pieces, prompt, Stats())
+    fresh.start(prompt, hidden)
+    fresh.step(history[-1], pos, greedy, None)
+    verify([history[-1], instead], pos)  # row pos is the same: it does not see the token after it
+    fresh.verified(pos, 1)
+    alone = fresh.step(instead, pos + 1, greedy, None)
+    assert after.token == alone.token and np.array_equal(after.signal.logits, alone.signal.logits)
+
+
+def test_head_sampling_under_pearl_follows_the_target(bundles):
+    """PIT over 300 fixed-seed generations of the head on PEARL's drafter thread (draws keyed by position)."""
+    session = load(bundles["fp32"], threads=1)
+    pvalues, total, _ = sample_runs(session, SamplingParams(0.8), ("model",), mode="head", schedule="pearl",
+                                    policy="fixed:3")
+    assert_lossless(pvalues, total)
+
+
 # ONNX Runtime's shared pool is the process's for good, so the refusal is shown in a process of its own
 SHARED_POOL_PEARL = """
 import sys

@@ -21,9 +21,9 @@ from specexport.bench.metrics import REFERENCE
 from specexport.bench.runner import BenchConfig, make_systems
 from specexport.runtime import load
 from specexport.runtime.backends.common import WrappedPiece
-from specexport.runtime.drafters import Draft
+from specexport.runtime.drafters import Draft, SelfDrafter
 from specexport.runtime.errors import SpecExportError
-from specexport.runtime.pearl import SelfStepper, pearl, pearl_threads
+from specexport.runtime.pearl import pearl, pearl_threads
 from specexport.runtime.policies import (
     CostModel,
     DraftSignal,
@@ -81,7 +81,7 @@ def test_pearl_respects_the_context_end(tiny_bundles):
     import threading
 
     tokens: list[int] = []
-    loop = pearl(session.pieces, SelfStepper(session.pieces), make_policy("fixed:6", 6, 0.5), ids, SamplingParams(),
+    loop = pearl(session.pieces, SelfDrafter(session.pieces), make_policy("fixed:6", 6, 0.5), ids, SamplingParams(),
                  np.random.default_rng(0), Stats(), 48)
     runner = threading.Thread(target=lambda: [tokens.extend(new) for new in loop])
     runner.start()
@@ -109,16 +109,16 @@ class DelayingPiece(WrappedPiece):
         super().__init__(piece)
         self.rng, self.max_s = rng, max_ms / 1e3
 
-    def run(self, x, start, keep=1):
+    def run(self, x, start, keep=1, *args, **kw):
         time.sleep(self.rng.random() * self.max_s)
-        out = self.piece.run(x, start, keep)
+        out = self.piece.run(x, start, keep, *args, **kw)
         time.sleep(self.rng.random() * self.max_s)
         return out
 
 
 def pearl_tokens(pieces, ids, policy, params, seed, n=24) -> list[int]:
     stats = Stats()
-    loop = pearl(pieces, SelfStepper(pieces), policy, ids, params, np.random.default_rng(seed), stats, 256)
+    loop = pearl(pieces, SelfDrafter(pieces), policy, ids, params, np.random.default_rng(seed), stats, 256)
     out: list[int] = []
     try:
         for new in loop:
@@ -298,8 +298,8 @@ def test_goodput_rejects_modes_without_a_cost_model(session):
 
 
 def test_pearl_threads():
-    assert pearl_threads(2) == {"deep": 2, "shallow": 2, "adapter": 2, "drafter": 2}  # measured: see pearl_threads
-    assert pearl_threads(0) == {"deep": 1, "shallow": 1, "adapter": 1, "drafter": 1}
+    assert pearl_threads(2) == {"deep": 2, "shallow": 2, "adapter": 2, "drafter": 2, "head": 2}  # see pearl_threads
+    assert pearl_threads(0) == {"deep": 1, "shallow": 1, "adapter": 1, "drafter": 1, "head": 1}
 
 
 # -- bench: the cross product ---------------------------------------------------------------------------
@@ -386,7 +386,7 @@ class TargetAsDrafter:
 def test_pearl_with_an_independent_drafter(session, tiny_bundles):
     from dataclasses import replace
 
-    from specexport.runtime.pearl import ModelStepper
+    from specexport.runtime.drafters import ModelDrafter
 
     other = load(tiny_bundles("ort", 2, adapter="untrained"))
     ids = session.prompt_ids("write a haiku about the sea", session.options())
@@ -396,7 +396,7 @@ def test_pearl_with_an_independent_drafter(session, tiny_bundles):
         pieces = replace(session.pieces, drafter=DelayingPiece(TargetAsDrafter(other), delays),
                          deep=DelayingPiece(session.pieces.deep, delays))
         stats = Stats()
-        loop = pearl(pieces, ModelStepper(pieces), make_policy("fixed:4", 4, 0.5), ids, SamplingParams(),
+        loop = pearl(pieces, ModelDrafter(pieces), make_policy("fixed:4", 4, 0.5), ids, SamplingParams(),
                      np.random.default_rng(run), stats, 256)
         out: list[int] = []
         for new in loop:
@@ -464,7 +464,7 @@ def test_trt_stream_handoff_call_order():
     from types import SimpleNamespace
 
     from specexport.runtime.backends.cuda_streams import RING, StreamHandoff
-    from specexport.runtime.pearl import Item
+    from specexport.runtime.drafters import Step
 
     cuda = StreamCudaDouble()
     calls = cuda.calls
@@ -481,7 +481,7 @@ def test_trt_stream_handoff_call_order():
                          ("shallow", draft, 10, None, {"hidden": 0x10000 + 10 * slot}),
                          ("cudaEventRecord", handoff.written[10], draft)]
     calls.clear()
-    items = [Item(h, 6, None, DraftSignal(1.0)), Item(h, 7, None, DraftSignal(1.0))]
+    items = [Step(h, 6, None, DraftSignal(1.0)), Step(h, 7, None, DraftSignal(1.0))]
     handoff.deep(items, [5, 6], 10)
     d2d = cuda.cudaMemcpyKind.cudaMemcpyDeviceToDevice
     assert calls == [

@@ -173,7 +173,7 @@ def test_pearl_ring_slots_and_every_bound_address_are_256_byte_aligned(engines_1
     from types import SimpleNamespace
 
     from specexport.runtime.backends.cuda_streams import RING, StreamHandoff
-    from specexport.runtime.pearl import Item
+    from specexport.runtime.drafters import Step
     from specexport.runtime.policies import DraftSignal
 
     trt, cuda = TensorRTDouble(), CudaRuntimeDouble()
@@ -189,7 +189,7 @@ def test_pearl_ring_slots_and_every_bound_address_are_256_byte_aligned(engines_1
         cuda.write(ptr, states[pos])
     bound = [c[3] for c in trt.calls if c[0] == "context.set_tensor_address"]
     assert len(bound) > RING and all(ptr % 256 == 0 for ptr in bound)
-    items = [Item(h, 1, None, DraftSignal(1.0)) for _ in range(3)]
+    items = [Step(h, 1, None, DraftSignal(1.0)) for _ in range(3)]
     handoff.deep(items, [1, 2, 3], RING)
     dst = pieces.deep.input_ptr("hidden_in")
     assert cuda.read(dst, 3 * row) == states[RING] + states[RING + 1] + states[RING + 2]
