@@ -1,33 +1,20 @@
 """Target-model steps and autoregressive decoding, as plain functions over the pieces.
 
-Every loop here is a generator that yields lists of newly final tokens and computes the next step
-only when asked, so the caller stops it (EOS, stop string, max tokens) without wasted work.
+`Pieces` is runtime/backends/common.py's, the one shape of a set of pieces. Every loop here is a generator
+that yields lists of newly final tokens and computes the next step only when asked, so the caller stops it
+(EOS, stop string, max tokens) without wasted work.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import numpy as np
 
-from .backends.common import Piece
+from .backends.common import Pieces
 from .sampling import SamplingParams, pick
 from .stats import Stats
-
-
-@dataclass
-class Pieces:
-    shallow: Piece
-    deep: Piece
-    adapter: Piece | None = None
-    drafter: Piece | None = None
-    draft_vocab: np.ndarray | None = None  # token ids of a vocabulary-pruned adapter head (FR-Spec)
-    drafter_vocab: np.ndarray | None = None  # the same for the drafter piece's head
-    head: Piece | None = None  # the feature-level draft head (runtime/head.py)
-    head_vocab: np.ndarray | None = None  # the same for the draft head's LM head
-    vocab_size: int = 0
 
 
 def emitted(tokens: list[int], room: int, eos_ids, ignore_eos: bool = False) -> tuple[list[int], bool]:

@@ -14,8 +14,6 @@ once at load (`one_row_calls_match`), and where they differ runs every one-row c
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 
 from .backends.common import DeviceStates, WrappedPiece
@@ -96,25 +94,25 @@ def one_row_calls_differ(pieces, vocab: int, min_rows: int, max_context: int) ->
     return min_rows < 2 and max_context >= PROBE_TOKENS + 1 and not one_row_calls_match(pieces, vocab)
 
 
-def pad_if_needed(pieces: dict, vocab: int, min_rows: int, max_context: int, pad: bool | None = None) -> bool:
-    """Wraps `pieces`' shallow and deep (name -> piece) in TwoRowCalls when their one-row calls leave a
+def pad_if_needed(pieces: Pieces, vocab: int, min_rows: int, max_context: int, pad: bool | None = None) -> bool:
+    """Wraps `pieces`' shallow and deep in TwoRowCalls when their one-row calls leave a
     verification call's arithmetic on this machine, or as `pad` says where another engine on the same weights
     has probed already; True when it did."""
     if pad is None:
-        pad = one_row_calls_differ(SimpleNamespace(**pieces), vocab, min_rows, max_context)
+        pad = one_row_calls_differ(pieces, vocab, min_rows, max_context)
     if pad:
-        pieces["shallow"] = TwoRowCalls(pieces["shallow"], max_context)
-        pieces["deep"] = TwoRowCalls(pieces["deep"], max_context)
+        pieces.shallow = TwoRowCalls(pieces.shallow, max_context)
+        pieces.deep = TwoRowCalls(pieces.deep, max_context)
     return pad
 
 
-def one_row_calls(pieces: dict, min_rows: int, one_row_padding: str) -> str:
+def one_row_calls(pieces: Pieces, min_rows: int, one_row_padding: str) -> str:
     """How an engine's one-token calls of shallow and deep keep verification's arithmetic, a key of
     ONE_ROW_CALLS: `graph` (the pieces pad every op), `attention` (they pad attention alone, and this machine's
     kernels round the rest of a one-row call as a row of many), `session` (they do not round alike here: the
     engine runs such calls as two rows), or `none` (a bundle built to pad nothing, whose calls round alike
     here). `min_rows` and `one_row_padding` are deep's manifest fields."""
-    if isinstance(pieces["deep"], TwoRowCalls):
+    if isinstance(pieces.deep, TwoRowCalls):
         return "session"
     if min_rows >= 2:
         return "graph"

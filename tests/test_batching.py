@@ -46,7 +46,7 @@ def test_one_engine_and_one_piece_wrapper_for_one_sequence_or_many(session, expe
     assert session.engine.rows == 1 and session.pieces.shallow is session.engine.pieces["shallow"]
     with BatchScheduler(session, max_batch=3) as scheduler:
         assert scheduler.engine.rows == 3 and scheduler.one_row_calls == session.one_row_calls
-        for name, piece in scheduler.engine.pieces.items():
+        for name, piece in scheduler.engine.pieces.named().items():
             mine, theirs = unwrapped(piece), unwrapped(session.engine.pieces[name])
             assert type(mine) is OrtPiece and type(theirs) is OrtPiece, name
             assert mine.session is theirs.session and (mine.rows, theirs.rows) == (3, 1), name

@@ -90,7 +90,8 @@ def test_a_lone_row_keeps_the_caches_of_a_verification_call(rowwise_bundle):  # 
     with BatchScheduler(session, max_batch=2) as scheduler:
         def caches_after_ar(pad: bool) -> list[np.ndarray]:
             shallow, deep = padded_pair(scheduler, pad)
-            scheduler.engine.pieces.update(shallow=shallow, deep=deep)  # what the next request's views call
+            pooled = scheduler.engine.pieces  # what the next request's views call
+            pooled.shallow, pooled.deep = shallow, deep
             pools = [pool for piece in (shallow, deep) for pool in piece._pool.caches.values()]
             for pool in pools:
                 pool[:] = 0

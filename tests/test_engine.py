@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from specexport.runtime.backends.common import Pieces
 from specexport.runtime.drafters import PLAIN, AutoDrafter, Draft, LookupDrafter
 from specexport.runtime.engine.calls import Engine, SequenceClock, SequencePiece
 from specexport.runtime.engine.cost import CallCost, partition
@@ -77,7 +78,7 @@ def test_a_batched_call_is_charged_by_tokens_and_waits_are_not():
     """Two sequences' calls meet in one batched call: each gets back its own rows, and each sequence's clock
     advances by its share of the call (by tokens), not by the wall time both waited."""
     piece = RecordingPiece(0.2)
-    engine = Engine({"shallow": piece}, rows=4)
+    engine = Engine(Pieces(shallow=piece), rows=4)
     clocks = [SequenceClock(), SequenceClock()]
     views = [SequencePiece(engine, "shallow", row, clock) for row, clock in enumerate(clocks)]
     engine.join()
@@ -107,7 +108,7 @@ def test_a_verification_call_is_charged_by_what_its_rows_cost():
     from specexport.runtime.engine.calls import Call
 
     def shares(cost: CallCost) -> list[float]:
-        engine = Engine({"deep": RecordingPiece(0.0)}, 3, cost)
+        engine = Engine(Pieces(deep=RecordingPiece(0.0)), 3, cost)
         return engine._shares([Call("deep", i, np.zeros((1, n)), 0, 1, None, None) for i, n in enumerate((1, 1, 6))])
 
     flat = shares(CallCost(20e-3, 1e-4, 1e-5))
@@ -121,7 +122,7 @@ def test_a_verification_call_is_charged_by_what_its_rows_cost():
 
 def test_a_lone_sequence_runs_its_calls_at_once():
     piece = RecordingPiece(0.0)
-    engine = Engine({"shallow": piece}, rows=4)
+    engine = Engine(Pieces(shallow=piece), rows=4)
     view = SequencePiece(engine, "shallow", 2, SequenceClock())
     engine.join()
     assert view.run(np.array([[4, 5]]), 0)["hidden"].tolist() == [[4, 5]]
@@ -131,10 +132,11 @@ def test_a_lone_sequence_runs_its_calls_at_once():
 def test_an_engine_of_one_row_hands_its_sequence_the_pieces_themselves():
     """A Session's engine has nothing to merge: its sequence calls the pieces directly (so PEARL's drafter may run
     beside the target); an engine of several rows hands each sequence views that meet in the rendezvous."""
-    pieces = {"shallow": RecordingPiece(0.0), "deep": RecordingPiece(0.0)}
+    pieces = Pieces(shallow=RecordingPiece(0.0), deep=RecordingPiece(0.0))
     one = Engine(pieces).views(0)
-    assert one == pieces and all(one[name] is pieces[name] for name in pieces)
-    many = Engine(pieces, rows=2).views(1)
+    assert set(one.named()) == {"shallow", "deep"} and all(one[name] is pieces[name] for name in pieces.named())
+    many = Engine(pieces, rows=2).views(1).named()
+    assert set(many) == {"shallow", "deep"}
     assert all(isinstance(v, SequencePiece) and v.row == 1 and v.pooled is pieces[n] for n, v in many.items())
 
 

@@ -3,8 +3,6 @@ speculative output identical to AR when the session pads."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 from specexport.exporter.build import build_bundle
@@ -51,7 +49,7 @@ def test_the_probe_finds_one_row_calls_that_round_otherwise_and_the_session_pads
     assert session.one_row_calls_note.startswith("run as two rows by the session: this CPU rounds")
     assert isinstance(session.pieces.shallow, TwoRowCalls) and isinstance(session.pieces.deep, TwoRowCalls)
     # the same pieces without the session's padding: GroupQueryAttention's one-row path rounds differently
-    raw = SimpleNamespace(**open_pieces(session.bundle, pad=False))
+    raw = open_pieces(session.bundle, pad=False)
     assert not one_row_calls_match(raw, session.bundle.manifest.model.dims.vocab)
     whole = _verification_rows(raw, [6])
     assert not np.array_equal(_verification_rows(raw, [1] * 6), whole)
@@ -95,7 +93,7 @@ def test_the_probe_reads_the_lm_heads_rows_as_verification_does(tmp_path, tiny_c
                       'matmul = "mlas"\n[export.quantize]\nlm_head_block_size = 128\n')
     build_bundle(tmp_path / "b", recipe=str(recipe), model=str(tiny_checkpoint), context=128, adapter="untrained")
     session = load(tmp_path / "b")
-    raw = SimpleNamespace(**open_pieces(session.bundle, pad=False))
+    raw = open_pieces(session.bundle, pad=False)
     exact = np.array_equal(_verification_rows(raw, [1] * 6), _verification_rows(raw, [6]))
     assert one_row_calls_match(raw, session.bundle.manifest.model.dims.vocab) == exact
     assert session.one_row_calls == ("attention" if exact else "session")

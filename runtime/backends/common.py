@@ -60,6 +60,37 @@ class WrappedPiece:
         return getattr(self.piece, name)
 
 
+PIECE_NAMES = ("shallow", "deep", "adapter", "drafter", "head")
+
+
+@dataclass
+class Pieces:
+    """A set of pieces, the one shape every layer passes them in: an engine's (a cache row per sequence, no
+    vocabularies), a sequence's (runtime/engine/pieces.sequence_pieces: views of the engine's, `deep` keeping its
+    features for a head, the draft vocabularies of pruned heads), the loops', the batch scheduler's, the one-row
+    padding's probe and the CUDA streams'. A piece the bundle lacks is None; `named()` has the others."""
+
+    shallow: Piece | None = None
+    deep: Piece | None = None
+    adapter: Piece | None = None
+    drafter: Piece | None = None
+    draft_vocab: np.ndarray | None = None  # token ids of a vocabulary-pruned adapter head (FR-Spec)
+    drafter_vocab: np.ndarray | None = None  # the same for the drafter piece's head
+    head: Piece | None = None  # the feature-level draft head (runtime/head.py)
+    head_vocab: np.ndarray | None = None  # the same for the draft head's LM head
+    vocab_size: int = 0
+
+    def named(self) -> dict[str, Piece]:
+        """The pieces there are, by name."""
+        return {name: getattr(self, name) for name in PIECE_NAMES if getattr(self, name) is not None}
+
+    def __getitem__(self, name: str) -> Piece:
+        piece = getattr(self, name, None) if name in PIECE_NAMES else None
+        if piece is None:
+            raise KeyError(name)
+        return piece
+
+
 @dataclass(frozen=True)
 class TreeMask:
     """A call's tokens as part of a token tree rooted at slot `base` (the root's position): token i sits

@@ -26,19 +26,10 @@ device work of the two streams while each thread waits only for its own. With an
 
 from __future__ import annotations
 
-from typing import Any, Protocol
-
 import numpy as np
 
+from .common import Pieces
 from .tensorrt import DeviceBuffer, aligned, cuda_check
-
-
-class StreamedPieces(Protocol):
-    """The pieces as runtime/decode.py's `Pieces` holds them (the backends sit below the loop: they run pieces,
-    never import what schedules them); the drafting pieces are read by name."""
-
-    shallow: Any
-    deep: Any
 
 
 def _ids(tokens: list[int]) -> np.ndarray:
@@ -46,13 +37,13 @@ def _ids(tokens: list[int]) -> np.ndarray:
 
 
 RING = 64
-DRAFT_STREAM_PIECES = ("adapter", "drafter")  # plus shallow for the self-draft
+DRAFT_STREAM_PIECES = ("adapter", "drafter", "head")  # plus shallow for the self-draft
 
 
 class StreamHandoff:
     """Two CUDA streams and the device-side handoff of shallow states between them (see the module)."""
 
-    def __init__(self, pieces: StreamedPieces, self_draft: bool = True) -> None:
+    def __init__(self, pieces: Pieces, self_draft: bool = True) -> None:
         self.pieces = pieces
         self.self_draft = self_draft  # shallow drafts (draft stream) or verifies (verify stream)
         cudart = self.cudart = pieces.deep.cudart

@@ -244,9 +244,10 @@ class BatchScheduler:
             self.on_step(rows, seconds)
 
     @property
-    def pieces(self) -> Pools:
-        """The engine's pieces by name (what `engine.pieces` holds, as attributes)."""
-        return Pools(**self.engine.pieces)
+    def pieces(self) -> Pieces:
+        """The engine's pieces, a cache row per request (OrtPiece.run_rows), shallow and deep padded where one-row
+        calls need it (row_padding.py)."""
+        return self.engine.pieces
 
     @property
     def one_row_calls(self) -> str:
@@ -268,15 +269,3 @@ class BatchScheduler:
     def _service_s(self, request: BatchRequest) -> float:
         steps = request.budget / self._tau.get(request.opts.mode, 1.0)
         return steps * (self._step_s or 0.01)
-
-
-@dataclasses.dataclass
-class Pools:
-    """The engine's pieces, a cache row per request (OrtPiece.run_rows), shallow and deep padded where one-row
-    calls need it (row_padding.py)."""
-
-    shallow: object
-    deep: object
-    adapter: object | None = None
-    drafter: object | None = None
-    head: object | None = None

@@ -22,11 +22,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..backends.common import TreeMask
+from ..backends.common import Pieces, TreeMask
 from ..errors import RunError, SpecExportError
 from .cost import CallCost, partition
 
@@ -66,7 +66,7 @@ class Engine:
     `cost` prices a batched shallow + deep call (None: merge every verification call into one);
     `on_call(piece, rows, seconds)` is called after each batched call, on the thread that ran it."""
 
-    def __init__(self, pieces: dict, rows: int = 1, cost: CallCost | None = None,
+    def __init__(self, pieces: Pieces, rows: int = 1, cost: CallCost | None = None,
                  on_call: Callable[[str, int, float], None] | None = None) -> None:
         self.pieces, self.rows, self.cost, self.on_call = pieces, rows, cost, on_call
         self._cond = threading.Condition()
@@ -79,13 +79,13 @@ class Engine:
     def live(self) -> int:
         return self._live
 
-    def views(self, row: int, clock: SequenceClock | None = None) -> dict:
+    def views(self, row: int, clock: SequenceClock | None = None) -> Pieces:
         """The sequence in cache row `row`'s pieces: in an engine of one row, the pieces themselves; else views
         whose calls meet the other sequences' here (SequencePiece), timed by `clock`."""
         if self.rows == 1:
-            return dict(self.pieces)
+            return replace(self.pieces)
         clock = clock or SequenceClock()
-        return {name: SequencePiece(self, name, row, clock) for name in self.pieces}
+        return replace(self.pieces, **{name: SequencePiece(self, name, row, clock) for name in self.pieces.named()})
 
     def join(self) -> None:
         with self._cond:

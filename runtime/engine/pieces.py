@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from .. import attention_op
+from ..backends.common import Pieces
 from ..bundle import Bundle
-from ..decode import Pieces
 from ..errors import SpecExportError
 from ..head import FeatureTap
 from ..row_padding import pad_if_needed
@@ -19,8 +20,8 @@ BACKENDS = ("onnxruntime", "tensorrt")
 
 def open_pieces(bundle: Bundle, backend: str = "onnxruntime", providers: list[str] | None = None,
                 threads: int | dict[str, int] | None = None, rows: int = 1,
-                sessions: dict[str, ort.InferenceSession] | None = None, pad: bool | None = None) -> dict:
-    """Piece name -> the piece, with `rows` cache rows, shallow and deep wrapped to run one-row calls as two
+                sessions: dict[str, ort.InferenceSession] | None = None, pad: bool | None = None) -> Pieces:
+    """The bundle's pieces, with `rows` cache rows, shallow and deep wrapped to run one-row calls as two
     rows where this machine needs it (row_padding.py: probed here, unless `pad` says, as another engine on the
     same weights found). `threads`: a dict gives each piece its own count (PEARL runs the drafter and `deep`
     side by side); `sessions`: ONNX Runtime sessions another engine opened on the CPU, whose weights are not
@@ -62,26 +63,22 @@ def open_pieces(bundle: Bundle, backend: str = "onnxruntime", providers: list[st
         raise SpecExportError(f"bundle {bundle.root}'s GroupQueryAttention has {dims.head_dim}-wide heads, whose rows"
                               " ONNX Runtime's CPU kernel rounds by the call's length, so speculation would leave AR's"
                               " output; rebuild the bundle with --attention rowwise")
-    pieces = {name: open_piece(name) for name in bundle.pieces}
+    pieces = Pieces(**{name: open_piece(name) for name in bundle.pieces}, vocab_size=dims.vocab)
     min_rows = min(bundle.pieces["shallow"].min_rows, bundle.pieces["deep"].min_rows)
     pad_if_needed(pieces, dims.vocab, min_rows, bundle.max_context, pad)
     return pieces
 
 
-def cpu_sessions(pieces: dict) -> dict[str, ort.InferenceSession]:
+def cpu_sessions(pieces: Pieces) -> dict[str, ort.InferenceSession]:
     """The ONNX Runtime sessions of `pieces` that run on the CPU, by piece name, for another engine to share."""
     # a wrapper (the one-row padding around shallow and deep) answers for the piece it holds
-    return {name: piece.session for name, piece in pieces.items()
+    return {name: piece.session for name, piece in pieces.named().items()
             if piece.backend == "onnxruntime" and piece.device is None}
 
 
-def sequence_pieces(views: dict, bundle: Bundle) -> Pieces:
+def sequence_pieces(views: Pieces, bundle: Bundle) -> Pieces:
     """One sequence's `Pieces` from its views of an engine's pieces (Engine.views), with the draft vocabularies;
     with a draft head, `deep` keeps its last call's features for it (runtime/head.py)."""
-    deep = views["deep"]
-    if "head" in views:
-        deep = FeatureTap(deep)
-    return Pieces(views["shallow"], deep, views.get("adapter"), views.get("drafter"),
-                  draft_vocab=bundle.draft_vocab("adapter"), drafter_vocab=bundle.draft_vocab("drafter"),
-                  head=views.get("head"), head_vocab=bundle.draft_vocab("head"),
-                  vocab_size=bundle.manifest.model.dims.vocab)
+    return replace(views, deep=FeatureTap(views.deep) if views.head is not None else views.deep,
+                   draft_vocab=bundle.draft_vocab("adapter"), drafter_vocab=bundle.draft_vocab("drafter"),
+                   head_vocab=bundle.draft_vocab("head"), vocab_size=bundle.manifest.model.dims.vocab)
