@@ -36,7 +36,7 @@ from .drafters import (
     SelfDrafter,
 )
 from .head import HeadDrafter, HeadTreeDrafter
-from .pearl import pearl_loop
+from .pearl import pearl
 from .plan import Plan
 from .policies import DraftPolicy, policy_of
 from .sampling import SamplingParams
@@ -54,17 +54,20 @@ def decoder(ctx: DecodeContext, plan: Plan, ids: list[int], params: SamplingPara
     stats.mode, stats.lossy = plan.label, plan.lossy
     if plan.mode == "ar":
         return autoregressive(pieces, ids, params, rng, stats)
-    wrap = ctx.drafts or (lambda drafter: drafter)
-    if plan.tree is not None:
-        grower = HeadTreeDrafter if plan.mode == "head" else TreeDrafter
-        return speculative(pieces, wrap(grower(pieces, plan.tree, context)), draft_policy(ctx, plan), ids, params,
-                           rng, stats, context, full_trees=ctx.trees_in_full)
+    # built before the first token: the goodput policy times the pieces (once per session) before the prefill
+    drafter, policy = make_drafter(ctx, plan, stats), draft_policy(ctx, plan)
     if plan.schedule == "pearl":  # the drafter on a thread of its own beside the target (pearl.py)
-        drafter = DRAFTERS[plan.mode](ctx, plan, stats)
-        return pearl_loop(pieces, drafter, lambda: draft_policy(ctx, plan), ids, params, rng, stats, context)
-    return speculative(pieces, wrap(DRAFTERS[plan.mode](ctx, plan, stats)), draft_policy(ctx, plan), ids, params,
-                       rng, stats, context, accept=make_verify(plan.verify, plan.beta, plan.tau),
-                       full_trees=ctx.trees_in_full)
+        return pearl(pieces, drafter, policy, ids, params, rng, stats, context)
+    wrap = ctx.drafts or (lambda drafter: drafter)
+    return speculative(pieces, wrap(drafter), policy, ids, params, rng, stats, context,
+                       accept=make_verify(plan.verify, plan.beta, plan.tau), full_trees=ctx.trees_in_full)
+
+
+def make_drafter(ctx: DecodeContext, plan: Plan, stats: Stats) -> Drafter:
+    """The plan's drafter: a token tree's grower, or the mode's (DRAFTERS)."""
+    if plan.tree is not None:
+        return (HeadTreeDrafter if plan.mode == "head" else TreeDrafter)(ctx.pieces, plan.tree, ctx.max_context)
+    return DRAFTERS[plan.mode](ctx, plan, stats)
 
 
 def draft_policy(ctx: DecodeContext, plan: Plan) -> DraftPolicy:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 
 from .choices import MODES, SCHEDULES, VERIFY_RULES
 from .errors import SpecExportError
-from .policies import parse_policy
+from .policies import PolicySpec
 from .tree import TreeShape
 
 
@@ -41,9 +41,21 @@ class Options:
     tree: str | None = None  # token-tree speculation with the drafter: a TreeShape spec (runtime/tree.py)
     # generate max_new_tokens whatever comes, EOS included (vLLM's ignore_eos): timing runs of equal length
     ignore_eos: bool = False
+    # what `check_options` parsed, for the plan (runtime/plan.py) to keep: not options of their own
+    policy_spec: PolicySpec | None = field(default=None, init=False, repr=False, compare=False)
+    tree_shape: TreeShape | None = field(default=None, init=False, repr=False, compare=False)
+    checked_as: tuple | None = field(default=None, init=False, repr=False, compare=False)  # the values checked
+
+    def values(self) -> tuple:
+        return tuple(getattr(self, name) for name in NAMES)
+
+    @property
+    def checked(self) -> bool:
+        """Whether `check_options` passed these very values (options are plain fields a caller may change)."""
+        return self.checked_as == self.values()
 
 
-NAMES = tuple(f.name for f in fields(Options))
+NAMES = tuple(f.name for f in fields(Options) if f.init)
 
 
 @dataclass(frozen=True)
@@ -98,9 +110,10 @@ def check_options(opts: Options, limits: Limits | None = None) -> Options:
     if opts.policy is not None:
         if not isinstance(opts.policy, str):
             raise OptionError(f"policy must be a string such as confidence:0.6, not {opts.policy!r}")
-        _as_option_error(lambda: parse_policy(opts.policy, opts.gamma or 1, 0.5 if opts.eta is None else opts.eta))
+    opts.policy_spec = _as_option_error(lambda: PolicySpec.parse(opts.policy))
+    opts.tree_shape = None
     if opts.tree is not None:
-        shape = _as_option_error(lambda: TreeShape.parse(opts.tree))
+        shape = opts.tree_shape = _as_option_error(lambda: TreeShape.parse(opts.tree))
         rows = 1 + shape.nodes + shape.lookup  # the root, the drafter's tokens, lookup's branch
         if limits is not None and rows > limits.verify_rows:
             raise OptionError(f"tree {opts.tree} verifies up to {rows} tokens in one call, more than this bundle's"
@@ -108,6 +121,7 @@ def check_options(opts: Options, limits: Limits | None = None) -> Options:
     if limits is not None and opts.gamma is not None and opts.gamma + 1 > limits.verify_rows:
         raise OptionError(f"gamma {opts.gamma} verifies {opts.gamma + 1} tokens in one call, more than this"
                           f" bundle's {limits.verify_rows}; give a smaller gamma")
+    opts.checked_as = opts.values()
     return opts
 
 

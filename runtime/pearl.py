@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -232,8 +232,14 @@ def make_handoff(pieces: Pieces, self_draft: bool):
 
 def pearl(pieces: Pieces, drafter: OneByOne, policy: DraftPolicy, prompt: list[int], params: SamplingParams,
           rng: np.random.Generator, stats: Stats, max_context: int, handoff=None) -> Iterator[list[int]]:
-    """Drafter and verifier side by side; yields the new final tokens, as `speculative` does."""
+    """Drafter and verifier side by side; returns the loop that yields the new final tokens, as `speculative`
+    does, once it has checked the pieces can run side by side (so a refusal comes before any token)."""
     check_thread_pools(pieces)
+    return _side_by_side(pieces, drafter, policy, prompt, params, rng, stats, max_context, handoff)
+
+
+def _side_by_side(pieces: Pieces, drafter: OneByOne, policy: DraftPolicy, prompt: list[int], params: SamplingParams,
+                  rng: np.random.Generator, stats: Stats, max_context: int, handoff) -> Iterator[list[int]]:
     handoff = handoff or make_handoff(pieces, drafter.makes_hidden)
     if drafter.makes_hidden:  # its one-token shallow call, through the handoff (on TensorRT: to the device too)
         drafter.shallow = handoff.shallow
@@ -269,12 +275,3 @@ def pearl(pieces: Pieces, drafter: OneByOne, policy: DraftPolicy, prompt: list[i
             worker.close()  # joins the drafter thread: the pieces are idle when the next generation starts
             stats.extra["dropped_drafts"] = worker.dropped
         handoff.close()
-
-
-def pearl_loop(pieces: Pieces, drafter: OneByOne, make_policy: Callable[[], DraftPolicy], prompt: list[int],
-               params: SamplingParams, rng: np.random.Generator, stats: Stats, max_context: int) -> Iterator[list[int]]:
-    """The session's entry for a plan that schedules PEARL (runtime/plan.py resolved its mode to one whose drafter
-    drafts one token at a time): builds everything before the first token, so that the goodput policy times the
-    pieces before the prefill."""
-    check_thread_pools(pieces)
-    return pearl(pieces, drafter, make_policy(), prompt, params, rng, stats, max_context)

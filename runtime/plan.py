@@ -13,10 +13,9 @@ from pathlib import Path
 
 from .context import DecodeContext
 from .drafters import LOOKUP_MAX_TOKENS
-from .errors import SpecExportError
 from .manifest import SpeculativeDefaults
-from .options import OptionError, Options
-from .policies import GOODPUT_MODES, parse_policy
+from .options import OptionError, Options, check_options
+from .policies import GOODPUT_MODES
 from .sampling import SamplingParams
 from .tree import TreeShape, trees_supported
 from .verification import SPECDEC_BETA, SPECDEC_TAU
@@ -74,8 +73,11 @@ class Plan:
 
 
 def make_plan(opts: Options, caps: Capabilities, lookup_max: int = LOOKUP_MAX_TOKENS) -> Plan:
-    """The plan for checked options on a bundle that can do `caps`; whatever the bundle cannot run, or the
-    options cannot run together, raises OptionError, one sentence."""
+    """The plan for options on a bundle that can do `caps` (checked here unless `check_options` has: the plan
+    keeps the policy and tree it parsed); whatever the bundle cannot run, or the options cannot run together,
+    raises OptionError, one sentence."""
+    if not opts.checked:
+        check_options(opts)
     spec = caps.speculative
     gamma = spec.gamma if opts.gamma is None else opts.gamma
     eta = spec.eta if opts.eta is None else opts.eta
@@ -93,10 +95,7 @@ def make_plan(opts: Options, caps: Capabilities, lookup_max: int = LOOKUP_MAX_TO
     if opts.verify == "specdec" and not greedy:
         raise OptionError("verify specdec is for greedy decoding only (under sampling it would change the"
                           " distribution); use temperature 0 or verify exact")
-    try:
-        policy, value = parse_policy(opts.policy, gamma, eta)
-    except SpecExportError as exc:
-        raise OptionError(str(exc)) from None
+    policy, value = opts.policy_spec.resolve(gamma, eta)
     if policy == "goodput" and mode != "ar" and mode not in GOODPUT_MODES:
         raise OptionError(f"the goodput policy has a cost model for modes {', '.join(GOODPUT_MODES)}, not {mode};"
                           " use another policy or one of those modes")
@@ -129,10 +128,7 @@ def _tree(opts: Options, greedy: bool, caps: Capabilities) -> TreeShape:
     if opts.mode not in caps.tree_modes:
         raise OptionError(f"bundle {caps.root} predates token trees (its pieces take no {TREE_INPUT}); rebuild"
                           " it with `specexport build` to use tree")
-    try:
-        return TreeShape.parse(opts.tree)
-    except SpecExportError as exc:
-        raise OptionError(str(exc)) from None
+    return opts.tree_shape
 
 
 def _pearl_mode(mode: str, caps: Capabilities) -> str:

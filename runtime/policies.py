@@ -207,32 +207,44 @@ POLICY_NAMES = ("fixed", "confidence", "entropy", "goodput")
 POLICY_FORMS = "fixed[:GAMMA], confidence[:ETA], entropy[:LAMBDA] or goodput[:GAMMA_MAX]"
 
 
+@dataclass(frozen=True)
+class PolicySpec:
+    """A draft-length policy as a request names it: its name and the number it gave, if any (range-checked)."""
+
+    name: str
+    value: int | float | None = None
+
+    @classmethod
+    def parse(cls, spec: str | None) -> PolicySpec:
+        """From a policy's command-line form (None: confidence); a bad name or number is one sentence."""
+        name, _, arg = (spec or "confidence").strip().partition(":")
+        if name not in POLICY_NAMES:
+            raise SpecExportError(f"unknown draft-length policy {name!r}; use {POLICY_FORMS}")
+        try:
+            value = (int(arg) if name in ("fixed", "goodput") else float(arg)) if arg else None
+        except ValueError:
+            raise SpecExportError(f"policy {spec!r} has a bad number after ':'; use {POLICY_FORMS}, such as fixed:6"
+                                  " or entropy:0.5") from None
+        if value is not None:
+            ok, why = {"fixed": (value >= 0, "GAMMA must be 0 or more (0: no drafting)"),
+                       "confidence": (0.0 <= value <= 1.0, "ETA is a probability, between 0 and 1"),
+                       "entropy": (value < 1.0, "LAMBDA bounds an acceptance probability, so it must be below 1"),
+                       "goodput": (value >= 1, "GAMMA_MAX must be at least 1")}[name]
+            _check(ok, spec, why)
+        return cls(name, value)
+
+    def resolve(self, gamma: int, eta: float) -> tuple[str, int | float]:
+        """(name, its number): the number given, else the request's (or the bundle's) gamma or eta, or entropy's
+        own default; both are checked where they enter (runtime/options.py, the manifest)."""
+        if self.value is not None:
+            return self.name, self.value
+        return self.name, {"fixed": gamma, "confidence": eta, "entropy": ENTROPY_LAMBDA, "goodput": gamma}[self.name]
+
+
 def parse_policy(spec: str | None, gamma: int, eta: float) -> tuple[str, int | float]:
     """(name, its number) from a policy's command-line form, range-checked; the number defaults to the
     bundle's (or the user's) gamma or eta."""
-    name, _, arg = (spec or "confidence").strip().partition(":")
-    if name not in POLICY_NAMES:
-        raise SpecExportError(f"unknown draft-length policy {name!r}; use {POLICY_FORMS}")
-    try:
-        value = (int(arg) if name in ("fixed", "goodput") else float(arg)) if arg else None
-    except ValueError:
-        raise SpecExportError(f"policy {spec!r} has a bad number after ':'; use {POLICY_FORMS}, such as fixed:6"
-                              " or entropy:0.5") from None
-    if name == "fixed":
-        n = gamma if value is None else value
-        _check(n >= 0, spec, "GAMMA must be 0 or more (0: no drafting)")
-        return name, n
-    if name == "confidence":
-        threshold = eta if value is None else value
-        _check(0.0 <= threshold <= 1.0, spec, "ETA is a probability, between 0 and 1")
-        return name, threshold
-    if name == "entropy":
-        lam = ENTROPY_LAMBDA if value is None else value
-        _check(lam < 1.0, spec, "LAMBDA bounds an acceptance probability, so it must be below 1")
-        return name, lam
-    gamma_max = gamma if value is None else value
-    _check(gamma_max >= 1, spec, "GAMMA_MAX must be at least 1")
-    return name, gamma_max
+    return PolicySpec.parse(spec).resolve(gamma, eta)
 
 
 def make_policy(spec: str | None, gamma: int, eta: float,

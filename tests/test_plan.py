@@ -47,6 +47,27 @@ def test_one_list_of_modes():
     assert tuple(choices["schedule"]) == SCHEDULES and tuple(choices["verify"]) == VERIFY_RULES
 
 
+def test_the_plan_keeps_what_the_check_parsed(monkeypatch):
+    """Options are parsed once, where they are checked: the plan holds that policy and tree shape. A value
+    changed after the check is checked (and parsed) again, never planned from the stale parse."""
+    from specexport.runtime import options as options_module
+    from specexport.runtime.policies import PolicySpec
+
+    parsed = []
+    real_tree, real_policy = TreeShape.parse.__func__, PolicySpec.parse.__func__
+    monkeypatch.setattr(TreeShape, "parse",
+                        classmethod(lambda cls, spec: parsed.append("tree") or real_tree(cls, spec)))
+    monkeypatch.setattr(PolicySpec, "parse",
+                        classmethod(lambda cls, spec: parsed.append("policy") or real_policy(cls, spec)))
+    opts = make_options({}, {"mode": "model", "tree": "4:3:2"})
+    plan = make_plan(opts, EVERYTHING)
+    assert parsed == ["policy", "tree"] and plan.tree is opts.tree_shape == TreeShape(4, 3, 2)
+    opts.tree = "8"
+    assert make_plan(opts, EVERYTHING).tree == TreeShape(8) and parsed == ["policy", "tree", "policy", "tree"]
+    unchecked = options_module.Options(mode="self", policy="fixed:3")  # built by hand: checked by the plan
+    assert (make_plan(unchecked, EVERYTHING).policy_value, parsed[-1]) == (3, "policy")
+
+
 def test_the_defaults_are_applied_in_the_plan():
     plan = plan_of(mode="self")
     assert (plan.mode, plan.gamma, plan.eta, plan.policy, plan.policy_value) == ("self", 4, 0.5, "confidence", 0.5)
