@@ -24,7 +24,18 @@ from ..runtime.manifest import (
     read_record,
     sha256_file,
 )
-from . import gated_silu, kv_cache, llama_graph, model_source, multirow, parity, quantize, row_attention, row_matmul
+from . import (
+    gated_silu,
+    kv_cache,
+    llama_graph,
+    model_source,
+    multirow,
+    parity,
+    quantize,
+    row_attention,
+    row_matmul,
+    shared_weights,
+)
 from .bundle import BundleWriter
 from .chat import chat_format
 from .hf_weights import extract
@@ -352,6 +363,10 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
         stage("exporting shallow")
         shallow = llama_graph.build_shallow(dims, weights.rope, weights.embed, weights.layers[:ell], flavour, dtype,
                                             weights.arch)
+        # a float tied table is one tensor: shallow reads its rows from the LM head's layout, stored once
+        tied = np.array_equal(weights.embed, weights.lm_head)
+        if tied and qspec is None:
+            shared_weights.read_rows_from_lm_head(shallow)
         shallow, qinfo = quantized(shallow, kv_scales=kv_scales[:ell] if kv_scales else None)
         writer.add_piece("shallow", for_target(shallow), flavour, layers=[0, ell], **qinfo,
                          **weights.attention_fields(range(ell)))
@@ -395,6 +410,8 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
             head_vocab = pruned_vocab(head_meta.get("token_counts"), size)
             graph = llama_graph.build_head(dims, weights.rope, head_module.graph_weights(), weights.embed,
                                            weights.lm_head, flavour, dtype, vocab_map=head_vocab)
+            if tied and draft_spec is None:
+                shared_weights.read_rows_from_lm_head(graph)
             summary = {k: head_meta.get(k) for k in ("source", "heldout", "tokens_seen", "train_tokens", "device")}
             add_draft_piece("head", graph, head_vocab, "head_vocab.npy", features=list(features), training=summary)
 

@@ -26,6 +26,7 @@ from ..runtime.manifest import (
     sha256_file,
 )
 from .onnx_builder import save_model
+from .shared_weights import share_identical
 
 KV_LAYOUT = "[batch, kv_heads, cache_len, head_dim]"
 KV_MODES = {
@@ -111,6 +112,9 @@ class BundleWriter:
         types, and renames the directory into place. ``sections``: the `Manifest` fields but the pieces,
         the files and the schema version."""
         self._drop_owner()  # not a file of the bundle
+        for name, (_, has_data) in share_identical(self.tmp, list(self.pieces)).items():
+            if not has_data:
+                self.pieces[name] = dataclasses.replace(self.pieces[name], data=None)
         files = {p.relative_to(self.tmp).as_posix(): sha256_file(p)
                  for p in sorted(self.tmp.rglob("*")) if p.is_file() and p.name != MANIFEST}
         manifest = Manifest(schema_version=SCHEMA_VERSION, pieces=dict(self.pieces), files=files, **sections)

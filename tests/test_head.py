@@ -274,6 +274,20 @@ def test_head_sampling_follows_the_target(bundles):
     assert_lossless(pvalues, total)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_the_head_reads_shallow_s_table(bundles, precision):
+    """The head's embedding rows are shallow's, bit for bit (fp32: the tied table in the LM head's layout; int8:
+    the same 8-bit rows), so the bundle stores them once, in shallow's data file."""
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo
+
+    head = onnx.load(str(bundles[precision] / "head.onnx"), load_external_data=False)
+    where = {t.name: ExternalDataInfo(t).location for t in head.graph.initializer
+             if t.data_location == onnx.TensorProto.EXTERNAL}
+    embedding = [n for n in where if n.startswith("embed_tokens")]
+    assert embedding and all(where[n] == "shallow.onnx.data" for n in embedding), where
+
+
 def test_head_piece_passes_parity_at_its_precision(bundles):
     manifest = json.loads((bundles["int8"] / "manifest.json").read_text())
     head = manifest["pieces"]["head"]
