@@ -72,10 +72,14 @@ def engines_plan(bundle, target) -> None:
     built for an earlier plan are dropped from the manifest."""
     _exporter("planning TensorRT engines")
     from ..exporter.tensorrt.engines import plan_bundle
+    from ..exporter.tensorrt.memory import describe_memory
 
     section = plan_bundle(bundle, target).tensorrt
-    click.echo(f"planned {', '.join(section.plan)} for {section.target['name']}; build on the device with"
-               f" `specexport engines build {bundle}` or sh {bundle}/tensorrt/build_all.sh", err=True)
+    click.echo(f"planned {', '.join(section.plan)} for {section.target['name']}; device memory:", err=True)
+    for line in describe_memory(section.memory):
+        click.echo(line, err=True)
+    click.echo(f"build on the device with `specexport engines build {bundle}` or sh {bundle}/tensorrt/build_all.sh",
+               err=True)
 
 
 @engines.command("list")

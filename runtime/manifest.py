@@ -332,6 +332,7 @@ class TensorRTSection:
     opcheck: dict[str, Any] | None = None
     notes: tuple[str, ...] = ()
     files: dict[str, str] = field(default_factory=dict)  # scripts of the plan -> SHA-256
+    memory: dict[str, Any] | None = None  # bytes per piece (weights, KV caches, logits) and against the device
 
     def check(self, where: str) -> None:
         for rel in self.files:

@@ -117,6 +117,38 @@ def test_plan_refuses_what_tensorrt_cannot_build(tmp_path, tiny_checkpoint, fres
         plan_tensorrt(fresh, read_manifest(fresh).pieces, "orin-nano", context=4096)
 
 
+def test_the_plan_counts_each_engine_s_memory_and_refuses_what_does_not_fit(fresh, tmp_path):
+    """Weights per engine are its graph's tensors (a table two pieces share on disk is in both engines), the
+    caches are the manifest's shapes at the planned context, two buffers each where they swap; a device too small
+    for the total is refused in one sentence before a script is written."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    manifest = read_manifest(fresh)
+    section = plan_tensorrt(fresh, manifest.pieces, "orin-nano")
+    memory = section["memory"]
+    for name, spec in manifest.pieces.items():
+        weights = sum(numpy_helper.to_array(t).nbytes for t in onnx.load(str(fresh / spec.file)).graph.initializer)
+        assert memory["pieces"][name]["weights"] >= weights > 0, name  # the graphs' constants on top
+    deep = manifest.pieces["deep"]
+    past = [t for t in deep.inputs if t.name.startswith("past_")]
+    one = past[0].shape[1] * CONTEXT * past[0].shape[3] * np.dtype(past[0].dtype).itemsize  # batch 1
+    assert memory["pieces"]["deep"]["kv_caches"] == len(past) * one * 2  # swap: two buffers per cache
+    assert memory["total"] == sum(sum(p.values()) for p in memory["pieces"].values())
+    assert memory["system"] == 2 * 2**30 and memory["left"] == 8 * 2**30 - memory["system"] - memory["total"]
+
+    small = tmp_path / "small.toml"
+    small.write_text('name = "tiny-device"\n[tensorrt]\nversion = "10.3"\ncompute_capability = "8.7"\n'
+                     '[build]\nmax_context = 2048\nworkspace_mib = 64\n'
+                     f'[memory]\ntotal_gib = {memory["total"] / 2**30 * 1.5:.6f}\n'
+                     f'system_gib = {memory["total"] / 2**30:.6f}\n')
+    shutil.rmtree(fresh / "tensorrt", ignore_errors=True)
+    with pytest.raises(SpecExportError, match=r"more than the .* GiB target tiny-device has beside its system") as e:
+        plan_tensorrt(fresh, manifest.pieces, str(small))
+    assert ". " not in str(e.value).rstrip(".") and not (fresh / "tensorrt").exists()
+
+
 def test_engines_plan_command_rewrites_a_verifiable_manifest(fresh):
     from specexport.cli.main import main
     from specexport.cli.tensorrt import register

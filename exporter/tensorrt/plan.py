@@ -34,6 +34,7 @@ from ...runtime.bundle import read_manifest
 from ...runtime.errors import SpecExportError
 from ...runtime.manifest import MANIFEST, Piece
 from .graph import is_inplace
+from .memory import plan_memory
 from .opcheck import require_supported
 from .targets import load_target
 
@@ -239,9 +240,11 @@ def plan_tensorrt(bundle_dir: Path, pieces: dict[str, Piece], target: str | dict
         piece["profiles"] = piece_profiles(name, spec, piece["shape_tensors"], build, context,
                                            bucketed=kv_mode == "swap")
         piece["trtexec"] = shlex.join(["trtexec", *trtexec_args(piece, builder)])
+        plan[name] = piece
+    memory = plan_memory(bundle_dir, pieces, plan, target, context)  # refuses before a script is written
+    for name, piece in plan.items():
         files[piece["script"]] = _write(bundle_dir / piece["script"], script_text(name, piece, builder, target),
                                         executable=True)
-        plan[name] = piece
     build_all = ["#!/bin/sh", "# Build every piece's engine with trtexec; the pieces share one timing cache.",
                  "set -eu", 'cd "$(dirname "$0")"'] + [f"sh ./{Path(p['script']).name}" for p in plan.values()]
     files[f"{TRT_DIR}/build_all.sh"] = _write(bundle_dir / TRT_DIR / "build_all.sh", "\n".join(build_all) + "\n",
@@ -256,6 +259,7 @@ def plan_tensorrt(bundle_dir: Path, pieces: dict[str, Piece], target: str | dict
         "context": context,
         "opcheck": report.summary(),
         "notes": notes,
+        "memory": memory,
         "plan": plan,
         "files": files,
         "engines": [],

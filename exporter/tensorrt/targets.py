@@ -125,6 +125,14 @@ def _validate(data: dict, path: Path) -> dict:
             raise SpecExportError(f"{where}: [build] {key} must be a positive integer, not {build[key]!r}")
     if not 0 <= int(build["builder_optimization_level"]) <= 5:
         raise SpecExportError(f"{where}: builder_optimization_level must be 0..5")
+    memory = data.get("memory", {})
+    for key in ("total_gib", "system_gib"):
+        value = memory.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise SpecExportError(f"{where}: [memory] {key} must be a number of GiB, 0 or more, not {value!r}")
+    if memory.get("total_gib") and memory.get("system_gib", 0) >= memory["total_gib"]:
+        raise SpecExportError(f"{where}: [memory] system_gib ({memory['system_gib']}) leaves nothing of total_gib"
+                              f" ({memory['total_gib']}) for the engines")
     build["verify_max"] = min(build["verify_max"], build["max_context"])
     build.setdefault("prefill_opt", min(256, build["max_context"]))
     build["prefill_opt"] = min(int(build["prefill_opt"]), build["max_context"])
