@@ -176,3 +176,73 @@ def test_adapter_with_mlp_and_pruned_vocabulary_passes(tiny_checkpoint):
         errors, warnings, counts = check_model(graph, version, "adapter")
         assert not errors and not warnings, errors
     assert counts["Gather"] >= 3 and counts["ArgMax"] == 1
+
+
+# -- quantized graphs: TensorRT's Q/DQ rules (exporter/tensorrt/qdq.py) ------------------------------------------
+
+
+def qdq_matmul(block: int = 128, k: int = 256, n: int = 64, zero: np.ndarray | None = None, scale_sign: float = 1.0,
+               axis: int = 0, qtype: int = TensorProto.INT4, packed: bool = True) -> onnx.ModelProto:
+    """x [b, s, k] @ DequantizeLinear(W int4 [k, n], per-block scales along k): ModelOpt's INT4 weight-only shape."""
+    values = np.random.default_rng(0).integers(-8, 8, (k, n))
+    if qtype == TensorProto.INT4:
+        weight = helper.make_tensor("w_q", TensorProto.INT4, [k, n], values.ravel().tolist())
+        if not packed:  # one value a byte: what a writer that forgot ONNX's packing stores
+            weight = TensorProto(name="w_q", data_type=TensorProto.INT4, dims=[k, n],
+                                 raw_data=values.astype(np.int8).tobytes())
+    else:
+        weight = numpy_helper.from_array(values.astype(np.int8), "w_q")
+    shape = [k // block, n] if axis == 0 else [k, n // block]
+    scale = numpy_helper.from_array(np.full(shape, 0.01 * scale_sign, np.float16), "w_scale")
+    inits = [weight, scale]
+    dq_inputs = ["w_q", "w_scale"]
+    if zero is not None:
+        inits.append(helper.make_tensor("w_zero", qtype, shape, zero.ravel().tolist()))
+        dq_inputs.append("w_zero")
+    nodes = [helper.make_node("DequantizeLinear", dq_inputs, ["w"], axis=axis, block_size=block, name="dq_w"),
+             helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")]
+    graph = helper.make_graph(nodes, "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["b", "s", k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["b", "s", n])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def qdq_errors(model: onnx.ModelProto) -> list[str]:
+    errors, _, _ = check_model(model, "10.15", "deep")
+    return [f"{f.node}: {f.reason}" for f in errors]
+
+
+def test_int4_weight_only_blocks_pass():
+    for block in (64, 128):
+        assert qdq_errors(qdq_matmul(block)) == [], block
+    assert qdq_errors(qdq_matmul(128, zero=np.zeros((2, 64), np.int8))) == []
+
+
+@pytest.mark.parametrize(("case", "fragment"), [
+    ({"block": 32}, "its INT4 blocks are 32 values; TensorRT takes blocks of 64 or 128"),
+    ({"block": 96, "k": 192}, "its INT4 blocks are 96 values"),
+    ({"zero": np.ones((2, 64), np.int8)}, "its zero point 'w_zero' is not all zeros"),
+    ({"scale_sign": -1.0}, "its scale 'w_scale' has values that are not strictly positive"),
+    ({"packed": False}, "its INT4 weights 'w_q' are not packed two values a byte"),
+])
+def test_a_quantized_graph_tensorrt_would_not_build_is_refused_naming_the_node(case, fragment):
+    errors = qdq_errors(qdq_matmul(**case))
+    assert any(e.startswith("dq_w: ") and fragment in e for e in errors), errors
+
+
+def test_int4_activations_and_per_channel_int4_are_refused():
+    k = 256
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], axis=-1, name="q_x"),
+             helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["y"], axis=-1, name="dq_x")]
+    graph = helper.make_graph(nodes, "a", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", k])],
+                              [numpy_helper.from_array(np.full([k], 0.1, np.float32), "s"),
+                               helper.make_tensor("z", TensorProto.INT4, [k], [0] * k)])
+    errors = qdq_errors(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10))
+    assert any(e.startswith("q_x: ") and "TensorRT takes for weights only" in e for e in errors), errors
+    assert any(e.startswith("dq_x: ") and "dequantizes INT4 activations" in e for e in errors), errors
+    assert any("per-block scales" in e for e in errors), errors
+    from specexport.exporter.tensorrt.opcheck import OpCheckReport
+
+    found, _, _ = check_model(qdq_matmul(32), "10.15", "deep")  # a bundle's report: one sentence naming the node
+    with pytest.raises(SpecExportError, match=r"cannot parse 1 node\(s\): DequantizeLinear at deep/dq_w \(its INT4"):
+        OpCheckReport("thor", "10.15", errors=found).raise_if_failed()

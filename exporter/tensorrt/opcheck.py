@@ -18,6 +18,7 @@ from onnx import numpy_helper
 
 from ...runtime.errors import SpecExportError
 from ...runtime.manifest import Piece
+from .qdq import QDQ_OPS, qdq_failures
 from .targets import load_target, matrix_version, ops_matrix
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -113,11 +114,14 @@ class _Graph:
         self.constant_nodes = {n.output[0]: n for n in graph.node if n.op_type == "Constant" and n.output}
         self.types: dict[str, int] = dict(outer.types) if outer else {}
         self.ranks: dict[str, int | None] = dict(outer.ranks) if outer else {}
+        self.shapes: dict[str, list | None] = dict(outer.shapes) if outer else {}  # dims, None where symbolic
         for v in [*graph.input, *graph.output, *graph.value_info]:
             tt = v.type.tensor_type
             if tt.elem_type:
                 self.types[v.name] = tt.elem_type
             self.ranks[v.name] = len(tt.shape.dim) if tt.HasField("shape") else None
+            self.shapes[v.name] = ([d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+                                   if tt.HasField("shape") else None)
         for t in graph.initializer:
             self.types[t.name] = t.data_type
             self.ranks[t.name] = len(t.dims)
@@ -277,6 +281,9 @@ def check_graph(graph: onnx.GraphProto, version: str, piece: str = "model", base
             failure = _rule_failure(rule, node, g, type_names)
             if failure:
                 fail(failure[1], failure[0])
+        if node.op_type in QDQ_OPS:  # a quantized graph's scales, zero points, blocks and packing
+            for severity, reason in qdq_failures(node, g, matrix["quantization"], type_names):
+                fail(reason, severity)
         for attr in node.attribute:  # If / Loop / Scan bodies
             subgraphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
             for sub in subgraphs:
