@@ -126,6 +126,10 @@ def build(out, recipe, model, exit_layer, context, flavour, attention, matmul, p
             click.echo(f"TensorRT plan for {name}: {built} engine(s) built" if built else
                        f"TensorRT plan for {name}: build the engines on the device with"
                        f" `specexport engines build {out}` or sh {out}/tensorrt/build_all.sh", err=True)
+            if trt.memory:
+                from ..exporter.tensorrt.memory import describe_memory
+
+                click.echo("device memory:\n" + "\n".join(describe_memory(trt.memory)), err=True)
 
 
 EXTRA_DATA = click.option("--extra-data", multiple=True, type=click.Path(path_type=Path),

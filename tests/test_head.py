@@ -165,11 +165,9 @@ def test_head_under_pearl_is_race_free(bundles):
     from dataclasses import replace
 
     from specexport.runtime.head import HeadDrafter
-    from specexport.runtime.pearl import pearl
     from specexport.runtime.policies import make_policy
-    from specexport.runtime.stats import Stats
 
-    from .test_schedules import DelayingPiece
+    from .test_schedules import DelayingPiece, pearl_tokens
 
     session = load(bundles["fp32"], threads=1)
     ids = session.prompt_ids("the quick brown fox", session.options())
@@ -179,15 +177,9 @@ def test_head_under_pearl_is_race_free(bundles):
         pieces = session.pieces
         # the delays wrap the head tap, whose features the wrapper answers for
         pieces = replace(pieces, head=DelayingPiece(pieces.head, delays), deep=DelayingPiece(pieces.deep, delays))
-        loop = pearl(pieces, HeadDrafter(pieces), make_policy(f"fixed:{1 + run % 4}", 4, 0.5), ids,
-                     SamplingParams(), np.random.default_rng(run), Stats(), 256)
-        out: list[int] = []
-        for new in loop:
-            out.extend(new)
-            if len(out) >= 32:
-                break
-        loop.close()
-        assert out[:32] == ar[:32], run
+        out = pearl_tokens(pieces, ids, make_policy(f"fixed:{1 + run % 4}", 4, 0.5), SamplingParams(), run, 32,
+                           HeadDrafter(pieces))
+        assert out == ar[:32], run
 
 
 def test_head_reads_again_the_slot_a_rollback_overtook(bundles):

@@ -116,9 +116,10 @@ class DelayingPiece(WrappedPiece):
         return out
 
 
-def pearl_tokens(pieces, ids, policy, params, seed, n=24) -> list[int]:
-    stats = Stats()
-    loop = pearl(pieces, SelfDrafter(pieces), policy, ids, params, np.random.default_rng(seed), stats, 256)
+def pearl_tokens(pieces, ids, policy, params, seed, n=24, drafter=None, stats=None) -> list[int]:
+    """The first `n` tokens of PEARL with `drafter` (the self-draft by default)."""
+    drafter = drafter or SelfDrafter(pieces)
+    loop = pearl(pieces, drafter, policy, ids, params, np.random.default_rng(seed), stats or Stats(), 256)
     out: list[int] = []
     try:
         for new in loop:
@@ -396,15 +397,9 @@ def test_pearl_with_an_independent_drafter(session, tiny_bundles):
         pieces = replace(session.pieces, drafter=DelayingPiece(TargetAsDrafter(other), delays),
                          deep=DelayingPiece(session.pieces.deep, delays))
         stats = Stats()
-        loop = pearl(pieces, ModelDrafter(pieces), make_policy("fixed:4", 4, 0.5), ids, SamplingParams(),
-                     np.random.default_rng(run), stats, 256)
-        out: list[int] = []
-        for new in loop:
-            out.extend(new)
-            if len(out) >= 30:
-                break
-        loop.close()
-        assert out[:30] == ar[:30], run
+        out = pearl_tokens(pieces, ids, make_policy("fixed:4", 4, 0.5), SamplingParams(), run, 30,
+                           ModelDrafter(pieces), stats)
+        assert out == ar[:30], run
         assert 0 < stats.accepted < stats.drafted  # the planted mistakes were rejected, the rest accepted
 
 
