@@ -34,12 +34,37 @@ VARIANTS = [
 ]
 
 
-def rss_mb() -> float:
+def rss_mb(field: str = "VmRSS") -> float:
+    """Resident memory in MB: all of it (VmRSS), anonymous (RssAnon) or file pages (RssFile: the mapped weights'
+    pages a run has touched, such as the embedding rows of the tokens seen so far)."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def heap_in_use_mb() -> float:
+    """Bytes glibc's malloc has handed out and not had back (its arenas' in-use total), or nan elsewhere."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(f, ctypes.c_size_t) for f in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                   "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = MallInfo2
+        info = libc.mallinfo2()
+    except (OSError, AttributeError):
+        return float("nan")
+    return (info.uordblks + info.hblkhd) / 2**20
+
+
+def sample(generations: int, seconds: float) -> dict:
+    return {"generations": generations, "rss_mb": round(rss_mb(), 1), "anon_mb": round(rss_mb("RssAnon"), 1),
+            "file_mb": round(rss_mb("RssFile"), 1), "heap_mb": round(heap_in_use_mb(), 1), "open_fds": open_fds(),
+            "seconds": round(seconds, 1)}
 
 
 def open_fds() -> int:
@@ -54,20 +79,24 @@ def soak(bundle: str, generations: int, every: int, max_new_tokens: int, threads
     left_out = [v for v in VARIANTS if v not in variants]
     if left_out:
         print(f"left out (the bundle cannot run them): {left_out}", file=sys.stderr)
-    samples = [{"generations": 0, "rss_mb": rss_mb(), "open_fds": open_fds(), "seconds": 0.0}]
+    samples = [sample(0, 0.0)]
     t0 = time.perf_counter()
     tokens = 0
     for i in tqdm(range(1, generations + 1), desc="soak", unit="gen", file=sys.stderr, disable=None):
         options = {"max_new_tokens": max_new_tokens, "seed": i, **variants[i % len(variants)]}
         tokens += len(session.generate(PROMPTS[i % len(PROMPTS)], **options).tokens)
         if i % every == 0:
-            samples.append({"generations": i, "rss_mb": round(rss_mb(), 1), "open_fds": open_fds(),
-                            "seconds": round(time.perf_counter() - t0, 1)})
+            samples.append(sample(i, time.perf_counter() - t0))
     warm = samples[1] if len(samples) > 1 else samples[0]
     last = samples[-1]
+    half = samples[len(samples) // 2]
     return {"bundle": bundle, "generations": generations, "every": every, "max_new_tokens": max_new_tokens,
             "variants": variants, "left_out": left_out, "tokens": tokens, "samples": samples,
             "rss_growth_after_warmup": round(last["rss_mb"] / warm["rss_mb"] - 1, 4),
+            # over the last half of the run: all of it, and what of it malloc holds (flat where nothing leaks)
+            "rss_growth_last_half": round(last["rss_mb"] / half["rss_mb"] - 1, 4),
+            "heap_growth_last_half_mb": round(last["heap_mb"] - half["heap_mb"], 1),
+            "file_growth_last_half_mb": round(last["file_mb"] - half["file_mb"], 1),
             "fds_after_warmup": [s["open_fds"] for s in samples[1:]]}
 
 
@@ -99,7 +128,9 @@ def main() -> int:
         tmp = args.out.with_name(args.out.name + ".tmp")
         tmp.write_text(text + "\n")
         tmp.rename(args.out)
-    print(json.dumps({k: report[k] for k in ("rss_growth_after_warmup", "fds_after_warmup", "tokens")}))
+    print(json.dumps({k: report[k] for k in ("rss_growth_after_warmup", "rss_growth_last_half",
+                                             "heap_growth_last_half_mb", "file_growth_last_half_mb",
+                                             "fds_after_warmup", "tokens")}))
     fds = report["fds_after_warmup"]
     ok = report["rss_growth_after_warmup"] <= args.max_growth and len(set(fds)) <= 1
     print(f"soak {'passed' if ok else 'FAILED'}: memory {report['rss_growth_after_warmup']:+.1%} after warm-up"
