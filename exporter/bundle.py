@@ -112,7 +112,9 @@ class BundleWriter:
         types, and renames the directory into place. ``sections``: the `Manifest` fields but the pieces,
         the files and the schema version."""
         self._drop_owner()  # not a file of the bundle
-        for name, (_, has_data) in share_identical(self.tmp, list(self.pieces)).items():
+        model = sections.get("model")
+        vocab = model.dims.vocab if model is not None else None
+        for name, (_, has_data) in share_identical(self.tmp, list(self.pieces), vocab).items():
             if not has_data:
                 self.pieces[name] = dataclasses.replace(self.pieces[name], data=None)
         files = {p.relative_to(self.tmp).as_posix(): sha256_file(p)

@@ -41,10 +41,13 @@ def _tensors(graph: onnx.GraphProto):
                 yield from _tensors(sub)
 
 
-def share_identical(root: Path, pieces: list[str]) -> dict[str, tuple[int, bool]]:
-    """Stores each tensor of the pieces' graphs in `root` (name.onnx with name.onnx.data, in `pieces`' order)
-    once: a later piece's copy of a tensor already stored points at the first. Returns, per piece, the bytes its
-    own data file lost and whether it still has one (a piece whose every tensor is shared keeps none)."""
+def share_identical(root: Path, pieces: list[str], vocab: int | None = None) -> dict[str, tuple[int, bool]]:
+    """Stores each table of the pieces' graphs in `root` (name.onnx with name.onnx.data, in `pieces`' order)
+    once: a later piece's copy of a table already stored points at the first. A table is a tensor of rank 2 or
+    more with an axis of `vocab` rows (the embedding, the LM head, their quantized rows and scales; every tensor
+    when `vocab` is None): the tables are what counts, and a piece that shares nothing else stays a file a tool
+    can take alone (a quantizer; a trtexec on another machine needs the files it names). Returns, per piece, the
+    bytes its own data file lost and whether it still has one (none when every tensor is shared)."""
     stored: dict[tuple, tuple[str, int, int]] = {}  # (dtype, dims, sha256) -> (file, offset, length)
     report: dict[str, tuple[int, bool]] = {}
     for name in pieces:
@@ -63,7 +66,8 @@ def share_identical(root: Path, pieces: list[str]) -> dict[str, tuple[int, bool]
                 continue
             data = blob[info.offset:info.offset + info.length]
             key = (tensor.data_type, tuple(tensor.dims), hashlib.sha256(data).digest())
-            if key in stored:
+            table = vocab is None or (len(tensor.dims) >= 2 and vocab in tensor.dims)
+            if key in stored and table:
                 _point(tensor, *stored[key])
                 shared += len(data)
             else:
