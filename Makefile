@@ -55,6 +55,22 @@ QUESTIONS ?=
 QUESTIONS_ARG := $(if $(QUESTIONS),--questions $(QUESTIONS))
 BENCH_TREES ?= 4:3:2:10:0.08:0.3                 # token trees benched beside the modes (auto's tree: the fastest measured here)
 
+# NVIDIA ModelOpt's ONNX quantizer (TensorRT's INT4/INT8 pieces) in a venv of its own: its [onnx] extra pins
+# onnxruntime-gpu and onnx versions that would replace the runtime's, so it is installed without the extra, with
+# the CPU onnxruntime and the packages its ONNX quantizer imports (tools/experiments/modelopt_int4.py)
+VENV_MODELOPT := .venv-modelopt
+MODELOPT_VERSION ?= 0.47.0
+$(VENV_MODELOPT)/.installed:
+	$(PY) -m venv $(VENV_MODELOPT)
+	echo '*' > $(VENV_MODELOPT)/.gitignore
+	$(VENV_MODELOPT)/bin/pip install -q --upgrade pip
+	$(VENV_MODELOPT)/bin/pip install -q torch==2.13.0
+	$(VENV_MODELOPT)/bin/pip install -q --no-deps nvidia-modelopt==$(MODELOPT_VERSION)
+	$(VENV_MODELOPT)/bin/pip install -q numpy onnx onnx-graphsurgeon onnxruntime onnxconverter-common onnxslim \
+		onnxscript polygraphy ml_dtypes pydantic rich tqdm packaging scipy pyyaml omegaconf regex safetensors pulp \
+		nvidia-ml-py lief cppimport ninja 'setuptools>=80'
+	touch $@
+
 $(VENV_GENAI)/.installed:
 	$(PY) -m venv $(VENV_GENAI)
 	# keeps git from listing the venv (the repository's .gitignore names only .venv/)
