@@ -156,13 +156,26 @@ def _dequantized_reference(model, exit_layer: int, adapter, vocab_map: np.ndarra
                       head_vocab, head_lm, head_embed)
 
 
+INT4_QDQ_OPSET = 21  # the first opset whose DequantizeLinear takes blocks (INT4 needs per-block scales)
+
+
 def _check_precision(precision: str | None, flavour: str | None, backend: str | None, target: str | None) -> None:
     """Refuses quantized precisions where MatMulNBits cannot run, before anything is written."""
     if precision is None or precision not in quantize.BITS:
         return
     if backend == "tensorrt" or target:
-        raise SpecExportError(f"{precision} weights use ONNX Runtime's MatMulNBits and TensorRT builds fp16, so"
-                              f" drop --precision {precision} or build for --backend onnxruntime")
+        from .tensorrt.targets import load_target
+
+        t = load_target(target or "orin-nano")
+        version, most = t["tensorrt"]["version"], t["tensorrt"]["parses_opsets"][1]
+        if precision == "int4" and most < INT4_QDQ_OPSET:
+            raise SpecExportError(f"target {t['name']}'s TensorRT {version} parses opsets up to {most}, and INT4"
+                                  f" weight-only graphs need {INT4_QDQ_OPSET} (blocked DequantizeLinear), so it builds"
+                                  " fp16 pieces only; drop --precision int4")
+        raise SpecExportError(f"the TensorRT export writes fp16 pieces so far: target {t['name']}'s TensorRT {version}"
+                              f" parses {precision} Q/DQ graphs, but quantizing the pieces with NVIDIA ModelOpt is not"
+                              f" part of `specexport build` yet; drop --precision {precision} or build for --backend"
+                              " onnxruntime")
     if flavour not in (None, "ort"):
         raise SpecExportError(f"{precision} weights need the 'ort' graph flavour (ONNX Runtime's MatMulNBits), not"
                               f" {flavour!r}; drop --flavour {flavour} or build with --precision fp32")

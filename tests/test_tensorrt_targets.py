@@ -99,3 +99,17 @@ def test_matrix_cites_its_source_and_dates_operators():
         assert gone in m["unsupported"]
     assert "com.microsoft" in m["domains"]
     assert matrix_version("10.3.0.30") == "10.3" and matrix_version("10.13.3") == "10.13"
+
+
+@pytest.mark.parametrize(("target", "fragment"), [
+    ("orin-nano", "TensorRT 10.3 parses opsets up to 20, and INT4 weight-only graphs need 21"),
+    ("thor", "target thor's TensorRT 10.13 parses int4 Q/DQ graphs"),
+])
+def test_a_precision_the_target_lacks_is_refused_before_anything_is_written(tmp_path, target, fragment):
+    from .test_cli import assert_one_sentence_error, cli
+
+    out = tmp_path / "b"
+    proc = cli("build", "--backend", "tensorrt", "--target", target, "--precision", "int4", "--plan-only",
+               "--out", str(out))
+    assert_one_sentence_error(proc, fragment)
+    assert not out.exists() and not list(tmp_path.iterdir())
