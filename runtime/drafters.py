@@ -77,8 +77,10 @@ class OneByOne(Drafter, Protocol):
     """A drafter that can draft one token at a time, as PEARL's drafter thread asks (self, model and head;
     lookup copies a span at once, and the trees, hier and auto decide over a whole step)."""
 
-    makes_hidden: bool  # whether its steps carry the shallow states `deep` verifies; such a drafter's
-    # one-token shallow call is its attribute `shallow(token, pos)`, which a schedule may replace
+    # whether its steps carry the shallow states `deep` verifies; such a drafter's one-token shallow call is its
+    # attribute `shallow(token, pos)`, which a schedule may replace (PEARL's TensorRT handoff does)
+    makes_hidden: bool
+
     def step(self, token: int, pos: int, params: SamplingParams, rng: np.random.Generator | None) -> Step:
         """The draft for position pos + 1, after `token` at pos: the last final token, or the previous step's
         draft (steps go up one position at a time until a rollback)."""
