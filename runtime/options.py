@@ -41,21 +41,30 @@ class Options:
     tree: str | None = None  # token-tree speculation with the drafter: a TreeShape spec (runtime/tree.py)
     # generate max_new_tokens whatever comes, EOS included (vLLM's ignore_eos): timing runs of equal length
     ignore_eos: bool = False
-    # what `check_options` parsed, for the plan (runtime/plan.py) to keep: not options of their own
-    policy_spec: PolicySpec | None = field(default=None, init=False, repr=False, compare=False)
-    tree_shape: TreeShape | None = field(default=None, init=False, repr=False, compare=False)
-    checked_as: tuple | None = field(default=None, init=False, repr=False, compare=False)  # the values checked
-
-    def values(self) -> tuple:
-        return tuple(getattr(self, name) for name in NAMES)
-
-    @property
-    def checked(self) -> bool:
-        """Whether `check_options` passed these very values (options are plain fields a caller may change)."""
-        return self.checked_as == self.values()
 
 
-NAMES = tuple(f.name for f in fields(Options) if f.init)
+NAMES = tuple(f.name for f in fields(Options))
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """What `check_options` parsed from one set of option values, which the plan (runtime/plan.py) keeps. It
+    rides on the Options object as an attribute, not a field, so `asdict(options)` stays the options."""
+
+    values: tuple
+    policy: PolicySpec
+    tree: TreeShape | None
+
+
+def parsed(opts: Options) -> Parsed | None:
+    """What `check_options` parsed from these very values, or None if it has not seen them (options are plain
+    fields a caller may change after the check)."""
+    done = getattr(opts, "_parsed", None)
+    return done if done is not None and done.values == _values(opts) else None
+
+
+def _values(opts: Options) -> tuple:
+    return tuple(getattr(opts, name) for name in NAMES)
 
 
 @dataclass(frozen=True)
@@ -110,10 +119,10 @@ def check_options(opts: Options, limits: Limits | None = None) -> Options:
     if opts.policy is not None:
         if not isinstance(opts.policy, str):
             raise OptionError(f"policy must be a string such as confidence:0.6, not {opts.policy!r}")
-    opts.policy_spec = _as_option_error(lambda: PolicySpec.parse(opts.policy))
-    opts.tree_shape = None
+    policy = _as_option_error(lambda: PolicySpec.parse(opts.policy))
+    shape = None
     if opts.tree is not None:
-        shape = opts.tree_shape = _as_option_error(lambda: TreeShape.parse(opts.tree))
+        shape = _as_option_error(lambda: TreeShape.parse(opts.tree))
         rows = 1 + shape.nodes + shape.lookup  # the root, the drafter's tokens, lookup's branch
         if limits is not None and rows > limits.verify_rows:
             raise OptionError(f"tree {opts.tree} verifies up to {rows} tokens in one call, more than this bundle's"
@@ -121,7 +130,7 @@ def check_options(opts: Options, limits: Limits | None = None) -> Options:
     if limits is not None and opts.gamma is not None and opts.gamma + 1 > limits.verify_rows:
         raise OptionError(f"gamma {opts.gamma} verifies {opts.gamma + 1} tokens in one call, more than this"
                           f" bundle's {limits.verify_rows}; give a smaller gamma")
-    opts.checked_as = opts.values()
+    opts._parsed = Parsed(_values(opts), policy, shape)
     return opts
 
 

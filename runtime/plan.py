@@ -14,7 +14,7 @@ from pathlib import Path
 from .context import DecodeContext
 from .drafters import LOOKUP_MAX_TOKENS
 from .manifest import SpeculativeDefaults
-from .options import OptionError, Options, check_options
+from .options import OptionError, Options, check_options, parsed
 from .policies import GOODPUT_MODES
 from .sampling import SamplingParams
 from .tree import TreeShape, trees_supported
@@ -76,15 +76,14 @@ def make_plan(opts: Options, caps: Capabilities, lookup_max: int = LOOKUP_MAX_TO
     """The plan for options on a bundle that can do `caps` (checked here unless `check_options` has: the plan
     keeps the policy and tree it parsed); whatever the bundle cannot run, or the options cannot run together,
     raises OptionError, one sentence."""
-    if not opts.checked:
-        check_options(opts)
+    done = parsed(opts) or parsed(check_options(opts))
     spec = caps.speculative
     gamma = spec.gamma if opts.gamma is None else opts.gamma
     eta = spec.eta if opts.eta is None else opts.eta
     greedy = SamplingParams(opts.temperature, opts.top_k, opts.top_p).greedy
     mode = opts.mode
     _check_pieces(mode, caps)
-    tree = _tree(opts, greedy, caps) if opts.tree is not None else None
+    tree = _tree(opts, greedy, caps, done.tree) if opts.tree is not None else None
     if mode == "ar" and opts.verify != "exact":
         raise OptionError(f"verify {opts.verify} judges drafts, and mode ar drafts nothing; use a speculative"
                           " mode such as mode auto")
@@ -95,7 +94,7 @@ def make_plan(opts: Options, caps: Capabilities, lookup_max: int = LOOKUP_MAX_TO
     if opts.verify == "specdec" and not greedy:
         raise OptionError("verify specdec is for greedy decoding only (under sampling it would change the"
                           " distribution); use temperature 0 or verify exact")
-    policy, value = opts.policy_spec.resolve(gamma, eta)
+    policy, value = done.policy.resolve(gamma, eta)
     if policy == "goodput" and mode != "ar" and mode not in GOODPUT_MODES:
         raise OptionError(f"the goodput policy has a cost model for modes {', '.join(GOODPUT_MODES)}, not {mode};"
                           " use another policy or one of those modes")
@@ -116,7 +115,7 @@ def _check_pieces(mode: str, caps: Capabilities) -> None:
                           " mode auto (it uses what the bundle has)")
 
 
-def _tree(opts: Options, greedy: bool, caps: Capabilities) -> TreeShape:
+def _tree(opts: Options, greedy: bool, caps: Capabilities, shape: TreeShape) -> TreeShape:
     if opts.mode not in TREE_GROWERS:
         raise OptionError(f"tree grows its trees with the bundle's drafter piece or its draft head, so it needs"
                           f" mode model or mode head (not {opts.mode})")
@@ -128,7 +127,7 @@ def _tree(opts: Options, greedy: bool, caps: Capabilities) -> TreeShape:
     if opts.mode not in caps.tree_modes:
         raise OptionError(f"bundle {caps.root} predates token trees (its pieces take no {TREE_INPUT}); rebuild"
                           " it with `specexport build` to use tree")
-    return opts.tree_shape
+    return shape
 
 
 def _pearl_mode(mode: str, caps: Capabilities) -> str:

@@ -61,7 +61,7 @@ def test_the_plan_keeps_what_the_check_parsed(monkeypatch):
                         classmethod(lambda cls, spec: parsed.append("policy") or real_policy(cls, spec)))
     opts = make_options({}, {"mode": "model", "tree": "4:3:2"})
     plan = make_plan(opts, EVERYTHING)
-    assert parsed == ["policy", "tree"] and plan.tree is opts.tree_shape == TreeShape(4, 3, 2)
+    assert parsed == ["policy", "tree"] and plan.tree is options_module.parsed(opts).tree == TreeShape(4, 3, 2)
     opts.tree = "8"
     assert make_plan(opts, EVERYTHING).tree == TreeShape(8) and parsed == ["policy", "tree", "policy", "tree"]
     unchecked = options_module.Options(mode="self", policy="fixed:3")  # built by hand: checked by the plan
