@@ -11,8 +11,6 @@ which only the build takes. A unified-memory Jetson shares its memory with the s
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import onnx
 from onnx import helper
@@ -59,16 +57,16 @@ def logits_bytes(spec: Piece, rows: int, batch: int) -> int:
     return 0 if out is None else batch * rows * int(out.shape[-1]) * np.dtype(out.dtype).itemsize
 
 
-def plan_memory(bundle_dir: Path, pieces: dict[str, Piece], plan: dict, target: dict, context: int) -> dict:
-    """Per piece its weights, caches and logits buffer, the total, and the device memory left for it; refuses, in
-    one sentence, a plan whose total does not fit."""
+def plan_memory(models: dict[str, onnx.ModelProto], pieces: dict[str, Piece], plan: dict, target: dict,
+                context: int) -> dict:
+    """Per piece (`models`: its graph, loaded without its weights) its weights, caches and logits buffer, the total,
+    and the device memory left for it; refuses, in one sentence, a plan whose total does not fit."""
     build, memory = target["build"], target["memory"]
     batch, rows = build["max_batch"], build["verify_max"]
     per_piece = {}
     for name, spec in pieces.items():
-        model = onnx.load(str(Path(bundle_dir) / spec.file), load_external_data=False)
         swap = plan[name]["kv"]["mode"] == "swap"
-        per_piece[name] = {"weights": weight_bytes(model), "kv_caches": cache_bytes(spec, context, batch, swap),
+        per_piece[name] = {"weights": weight_bytes(models[name]), "kv_caches": cache_bytes(spec, context, batch, swap),
                            "logits": logits_bytes(spec, rows, batch)}
     total = sum(sum(p.values()) for p in per_piece.values())
     device = float(memory.get("total_gib", 0)) * GIB

@@ -225,9 +225,9 @@ def plan_tensorrt(bundle_dir: Path, pieces: dict[str, Piece], target: str | dict
                "builder_optimization_level": build["builder_optimization_level"],
                "hardware_compatibility": build["hardware_compatibility"],
                "version_compatible": build["version_compatible"], "timing_cache": TIMING_CACHE}
-    plan, files, notes = {}, {}, []
+    plan, files, notes, models = {}, {}, [], {}
     for name, spec in pieces.items():
-        model = onnx.load(str(bundle_dir / spec.file), load_external_data=False)
+        model = models[name] = onnx.load(str(bundle_dir / spec.file), load_external_data=False)
         kv_mode = kv_binding(name, model, spec, context)
         if kv_mode == "swap" and spec.kv.count and build["kv_update"] == "inplace":
             notes.append(f"piece {name!r} writes its caches out of place (two-buffer swap); export it for this"
@@ -241,7 +241,7 @@ def plan_tensorrt(bundle_dir: Path, pieces: dict[str, Piece], target: str | dict
                                            bucketed=kv_mode == "swap")
         piece["trtexec"] = shlex.join(["trtexec", *trtexec_args(piece, builder)])
         plan[name] = piece
-    memory = plan_memory(bundle_dir, pieces, plan, target, context)  # refuses before a script is written
+    memory = plan_memory(models, pieces, plan, target, context)  # refuses before a script is written
     for name, piece in plan.items():
         files[piece["script"]] = _write(bundle_dir / piece["script"], script_text(name, piece, builder, target),
                                         executable=True)
