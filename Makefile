@@ -10,7 +10,7 @@ PROMPT ?= Explain how a hash table works.
 
 .PHONY: setup demo test test-lossless lint bench bench-int4 bench-env bench-bar soak serve-soak gpu-stage clean
 
-$(BIN)/specexport: pyproject.toml setup.py native/row_attention.cc native/row_matmul.cc native/gated_silu.cc native/custom_op.h
+$(BIN)/specexport: pyproject.toml setup.py native/row_attention.cc native/row_matmul.cc native/gated_silu.cc native/row_gather.cc native/custom_op.h
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# torch 2.13.0 CPU: pip takes the wheel these machines keep on disk (a plain `torch` would pull CUDA)

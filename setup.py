@@ -1,5 +1,5 @@
-"""Native part of the build: the row-invariant attention and int4/int8 matmul operators
-(native/row_attention.cc, native/row_matmul.cc, and native/custom_op.h, which both include), one ONNX Runtime
+"""Native part of the build: the row-invariant attention and int4/int8 matmul operators and their companions
+(native/*.cc, and native/custom_op.h, which they all include), one ONNX Runtime
 custom-op library shipped inside specexport.runtime. Everything else is declared in pyproject.toml.
 
 The library is compiled with the system's C++ compiler against ONNX Runtime's C API headers, which the
@@ -102,7 +102,8 @@ class BuildNative(build_ext):
 setup(
     ext_modules=[Extension(
         "specexport.runtime._row_attention",
-        sources=["native/row_attention.cc", "native/row_matmul.cc", "native/gated_silu.cc"],
+        sources=["native/row_attention.cc", "native/row_matmul.cc", "native/gated_silu.cc",
+                 "native/row_gather.cc"],
         depends=["native/custom_op.h"],  # what the sources include: a change rebuilds them
         language="c++",
         # -ffp-contract=off: the compiler must not fuse a multiply and an add on its own, or the portable path

@@ -34,7 +34,7 @@ from . import (
     quantize,
     row_attention,
     row_matmul,
-    shared_weights,
+    tied_rows,
 )
 from .bundle import BundleWriter
 from .chat import chat_format
@@ -118,17 +118,28 @@ def _reference(model, exit_layer: int, adapter=None, vocab_map: np.ndarray | Non
 def _dequantized_reference(model, exit_layer: int, adapter, vocab_map: np.ndarray | None,
                            spec: quantize.QuantSpec | None, drafter=None, drafter_vocab: np.ndarray | None = None,
                            draft_spec: quantize.QuantSpec | None = None, head=None,
-                           head_vocab: np.ndarray | None = None):
+                           head_vocab: np.ndarray | None = None, rows: np.ndarray | None = None,
+                           drafter_in_proj: np.ndarray | None = None):
     """PyTorch running the very weights the quantized graphs hold (rounded, back in fp32): what the
     quantized pieces must match closely, whatever the rounding did to the model's quality. `spec` rounds the
-    model (None: a float bundle's model, kept), `draft_spec` the drafting pieces."""
+    model (None: a float bundle's model, kept), `draft_spec` the drafting pieces; `rows` are the token rows
+    the pieces read from deep's LM head (exporter/tied_rows.py; None where each rounds a table of its own), and
+    `drafter_in_proj` the P_in of a drafter that projects those rows in its graph."""
     import copy
+
+    import torch
+
+    def embed(embedding, own: quantize.QuantSpec | None) -> None:
+        if rows is not None:
+            embedding.weight = torch.nn.Parameter(torch.from_numpy(rows.copy()), requires_grad=False)
+        elif own is not None:
+            quantize.fake_quantize_embedding(embedding, own)
 
     dq_model = model
     if spec is not None:
         dq_model = copy.deepcopy(model)
         quantize.fake_quantize_torch(dq_model, spec, lm_head=dq_model.lm_head)
-        quantize.fake_quantize_embedding(dq_model.model.embed_tokens, spec)
+        embed(dq_model.model.embed_tokens, spec)
     dq_adapter = adapter_head = None
     if adapter is not None and draft_spec is not None:
         dq_adapter = copy.deepcopy(adapter)
@@ -141,7 +152,7 @@ def _dequantized_reference(model, exit_layer: int, adapter, vocab_map: np.ndarra
         dq_head = head
         if draft_spec is not None:
             head_embed = copy.deepcopy(model.model.embed_tokens)  # the head's own copy, at its own precision
-            quantize.fake_quantize_embedding(head_embed, draft_spec)
+            embed(head_embed, draft_spec)
             dq_head = copy.deepcopy(head)
             quantize.fake_quantize_torch(dq_head, draft_spec)
             lm = copy.deepcopy(model.lm_head)
@@ -151,7 +162,12 @@ def _dequantized_reference(model, exit_layer: int, adapter, vocab_map: np.ndarra
     if drafter is not None and draft_spec is not None:
         dq_drafter = copy.deepcopy(drafter)
         quantize.fake_quantize_torch(dq_drafter, draft_spec, lm_head=dq_drafter.lm_head)
-        quantize.fake_quantize_embedding(dq_drafter.model.embed_tokens, draft_spec)
+        if drafter_in_proj is not None and rows is not None:  # the target's rows, projected in the graph
+            p_in = quantize.fake_quantize(drafter_in_proj.T, draft_spec)
+            folded = torch.from_numpy(rows @ p_in)
+            dq_drafter.model.embed_tokens.weight = torch.nn.Parameter(folded, requires_grad=False)
+        else:
+            quantize.fake_quantize_embedding(dq_drafter.model.embed_tokens, draft_spec)
     return _reference(dq_model, exit_layer, dq_adapter, vocab_map, dq_drafter, drafter_vocab, adapter_head, dq_head,
                       head_vocab, head_lm, head_embed)
 
@@ -376,11 +392,21 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
         stage("exporting shallow")
         shallow = llama_graph.build_shallow(dims, weights.rope, weights.embed, weights.layers[:ell], flavour, dtype,
                                             weights.arch)
-        # a float tied table is one tensor: shallow reads its rows from the LM head's layout, stored once
+        # a tied table is one tensor: the pieces that embed tokens read their rows from deep's LM head
         tied = np.array_equal(weights.embed, weights.lm_head)
-        if tied and qspec is None:
-            shared_weights.read_rows_from_lm_head(shallow)
+        quantized_rows = tied_rows.rows_for(np.ascontiguousarray(weights.lm_head.T, dtype=np.float32) if tied
+                                            else None, qspec, matmul)
+
+        def read_tied_rows(graph) -> dict:
+            """The piece's Gather of token rows rewritten onto deep's LM head; its manifest note."""
+            done = tied and (quantized_rows.apply(graph) if quantized_rows is not None
+                             else qspec is None and tied_rows.read_rows_from_lm_head(graph))
+            return {"embedding": "rows of deep's LM head"} if done else {}
+
+        rows_note = read_tied_rows(shallow)
         shallow, qinfo = quantized(shallow, kv_scales=kv_scales[:ell] if kv_scales else None)
+        if rows_note and "quantization" in qinfo:
+            qinfo["quantization"].update(rows_note)
         writer.add_piece("shallow", for_target(shallow), flavour, layers=[0, ell], **qinfo,
                          **weights.attention_fields(range(ell)))
         del shallow
@@ -423,19 +449,23 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
             head_vocab = pruned_vocab(head_meta.get("token_counts"), size)
             graph = llama_graph.build_head(dims, weights.rope, head_module.graph_weights(), weights.embed,
                                            weights.lm_head, flavour, dtype, vocab_map=head_vocab)
-            if tied and draft_spec is None:
-                shared_weights.read_rows_from_lm_head(graph)
+            read_tied_rows(graph)
             summary = {k: head_meta.get(k) for k in ("source", "heldout", "tokens_seen", "train_tokens", "device")}
             add_draft_piece("head", graph, head_vocab, "head_vocab.npy", features=list(features), training=summary)
 
         stage("drafter")
-        drafter_model = drafter_vocab = None
+        drafter_model = drafter_vocab = drafter_in_proj = None
         if drafter_choice is not None:
             loaded = load_drafter_model(drafter_choice, torch_model)
             drafter_model, drafter_vocab = loaded.model, loaded.vocab_map
             dw = extract(drafter_model, context)
-            graph = llama_graph.build_drafter(dw.dims, dw.rope, dw.embed, dw.layers, dw.final_norm, dw.lm_head,
-                                              flavour, dtype, vocab_map=drafter_vocab, arch=dw.arch)
+            # a Spec-Drafter's folded table (the target's times P_in) unfolded where the target's rows are shared
+            drafter_in_proj = loaded.in_proj if tied and (qspec is None or quantized_rows is not None) else None
+            graph = llama_graph.build_drafter(dw.dims, dw.rope, dw.embed if drafter_in_proj is None else weights.embed,
+                                              dw.layers, dw.final_norm, dw.lm_head, flavour, dtype,
+                                              vocab_map=drafter_vocab, arch=dw.arch, in_proj=drafter_in_proj)
+            if drafter_in_proj is not None:
+                read_tied_rows(graph)
             add_draft_piece("drafter", graph, drafter_vocab, "drafter_vocab.npy", dims=dw.dims,
                             architecture=drafter_model.config.model_type, **loaded.manifest,
                             **dw.attention_fields(range(dw.dims.layers)))
@@ -468,8 +498,12 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
                                             precision=draft_precision))
         dequantized = None
         if qspec is not None or draft_spec is not None:
+            rows = quantized_rows.rounded() if quantized_rows is not None else weights.embed if tied else None
             dequantized = _dequantized_reference(torch_model, ell, adapter_module, vocab_map, qspec, drafter_model,
-                                                 drafter_vocab, draft_spec, head_module, head_vocab)
+                                                 drafter_vocab, draft_spec, head_module, head_vocab,
+                                                 rows=rows if tied and (qspec is None or quantized_rows is not None)
+                                                 else None,
+                                                 drafter_in_proj=drafter_in_proj)
         report = parity.run_checks(writer.tmp, writer.pieces, checks, parity_sequences(tokenizer, dims.vocab, context),
                                    _reference(torch_model, ell, adapter_module, vocab_map, drafter_model,
                                               drafter_vocab, head=head_module, head_vocab=head_vocab),

@@ -481,17 +481,20 @@ def build_adapter(dims: Dims, rope: Rope, adapter: AdapterWeights, lm_head: np.n
 
 def build_drafter(dims: Dims, rope: Rope, embed: np.ndarray, layers: list[LayerWeights], final_norm: np.ndarray,
                   lm_head: np.ndarray, flavour: str, float_dtype=np.float32, vocab_map: np.ndarray | None = None,
-                  arch: Arch = LLAMA):
+                  arch: Arch = LLAMA, in_proj: np.ndarray | None = None):
     """An independent small causal LM as one piece with its own KV cache (SpS / SpecDec drafting).
 
     `dims` and `rope` are the drafter's own (its hidden size and heads may differ from the target's; the
     tokenizer may not). Outputs are the adapter's: `logits` over the full vocabulary or, with `vocab_map`
     (FR-Spec), over those ids in that order; `top_token` is always a real token id and `top_prob` its
-    probability under the (pruned) head, so a greedy draft step reads two numbers."""
+    probability under the (pruned) head, so a greedy draft step reads two numbers. With `in_proj` ([hidden,
+    target hidden], a Spec-Drafter's P_in) `embed` is the target's table and a token's row is projected in the
+    graph, so the piece can read the target's rows instead of holding a folded table of its own."""
     pg = PieceGraph("drafter", dims, rope, flavour, float_dtype, arch)
     b = pg.b
     ids = b.input("input_ids", np.int64, ["batch", "seq"])
-    x, delta = pg.decoder_layers(b.op("Gather", [b.weight("embed_tokens", embed), ids], axis=0), layers)
+    x = b.op("Gather", [b.weight("embed_tokens", embed), ids], axis=0)
+    x, delta = pg.decoder_layers(x if in_proj is None else pg.linear(x, in_proj), layers)
     _draft_head(pg, pg.add_norm(x, delta, final_norm)[0], lm_head, vocab_map)
     return b.model()
 

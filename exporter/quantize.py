@@ -278,8 +278,8 @@ def quantize_model(model: onnx.ModelProto, spec: QuantSpec) -> tuple[onnx.ModelP
     if not any(o.domain == MS_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     embedded = _quantize_embedding(graph, spec) if EMBED in inits else None
-    gathers = [n.input[0] for n in graph.node if n.op_type == "Gather" and n.input[0] in inits
-               and inits[n.input[0]].data_type == onnx.TensorProto.FLOAT]
+    gathers = [n.input[0] for n in graph.node if n.op_type == "Gather" and n.input[0] in inits  # tables, not
+               and inits[n.input[0]].data_type == onnx.TensorProto.FLOAT and len(inits[n.input[0]].dims) == 2]  # scales
     summary = {k: v for k, v in spec.as_dict().items() if k != "lm_head"}
     summary["matmuls_quantized"] = len(quantized)
     if LM_HEAD in inits:  # only deep and adapter carry an LM head

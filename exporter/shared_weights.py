@@ -13,9 +13,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-import numpy as np
 import onnx
-from onnx import helper, numpy_helper
 from onnx.external_data_helper import ExternalDataInfo
 
 ALIGN = 64  # where each kept tensor starts in a rewritten data file
@@ -44,10 +42,11 @@ def _tensors(graph: onnx.GraphProto):
 def share_identical(root: Path, pieces: list[str], vocab: int | None = None) -> dict[str, tuple[int, bool]]:
     """Stores each table of the pieces' graphs in `root` (name.onnx with name.onnx.data, in `pieces`' order)
     once: a later piece's copy of a table already stored points at the first. A table is a tensor of rank 2 or
-    more with an axis of `vocab` rows (the embedding, the LM head, their quantized rows and scales; every tensor
-    when `vocab` is None): the tables are what counts, and a piece that shares nothing else stays a file a tool
-    can take alone (a quantizer; a trtexec on another machine needs the files it names). Returns, per piece, the
-    bytes its own data file lost and whether it still has one (none when every tensor is shared)."""
+    more with an axis of `vocab` rows (the embedding, the LM head, their quantized rows and scales), or a flat
+    one at least `vocab` long (an LM head's codes, scales and zero points in the row-invariant matmul's tiles);
+    every tensor when `vocab` is None: the tables are what counts, and a piece that shares nothing else stays a
+    file a tool can take alone (a quantizer; a trtexec on another machine needs the files it names). Returns,
+    per piece, the bytes its own data file lost and whether it still has one (none when every tensor is shared)."""
     stored: dict[tuple, tuple[str, int, int]] = {}  # (dtype, dims, sha256) -> (file, offset, length)
     report: dict[str, tuple[int, bool]] = {}
     for name in pieces:
@@ -66,7 +65,8 @@ def share_identical(root: Path, pieces: list[str], vocab: int | None = None) -> 
                 continue
             data = blob[info.offset:info.offset + info.length]
             key = (tensor.data_type, tuple(tensor.dims), hashlib.sha256(data).digest())
-            table = vocab is None or (len(tensor.dims) >= 2 and vocab in tensor.dims)
+            table = vocab is None or (len(tensor.dims) >= 2 and vocab in tensor.dims) or (
+                len(tensor.dims) == 1 and tensor.dims[0] >= vocab)  # the row-invariant matmul's flat tiles
             if key in stored and table:
                 _point(tensor, *stored[key])
                 shared += len(data)
@@ -87,26 +87,3 @@ def share_identical(root: Path, pieces: list[str], vocab: int | None = None) -> 
         report[name] = (shared, own.exists())
     return report
 
-
-def read_rows_from_lm_head(model: onnx.ModelProto, table: str = "embed_tokens") -> bool:
-    """Rewrites the float Gather of rows of `table` ([vocab, hidden]) into a Gather along axis 1 of its
-    transpose ([hidden, vocab], as the LM head's MatMul stores a tied table) followed by a Transpose back to
-    [batch, seq, hidden]: the same values, from a tensor `share_identical` can then store once. False where the
-    graph has no such Gather."""
-    g = model.graph
-    init = next((t for t in g.initializer if t.name == table), None)
-    node = next((n for n in g.node if n.op_type == "Gather" and n.input and n.input[0] == table), None)
-    if init is None or node is None or init.data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16):
-        return False
-    if any(a.name == "axis" and a.i != 0 for a in node.attribute) or len(init.dims) != 2:
-        return False
-    transposed = numpy_helper.from_array(np.ascontiguousarray(numpy_helper.to_array(init).T), table)
-    init.CopyFrom(transposed)
-    gathered = node.output[0] + "_by_hidden"
-    at = list(g.node).index(node)
-    g.node.remove(node)
-    g.node.insert(at, helper.make_node("Gather", [table, node.input[1]], [gathered], axis=1,
-                                       name=(node.name or table) + "_by_hidden"))
-    g.node.insert(at + 1, helper.make_node("Transpose", [gathered], [node.output[0]], perm=[1, 2, 0],
-                                           name=(node.name or table) + "_rows"))
-    return True

@@ -631,12 +631,13 @@ struct Op : OrtCustomOp {
 
 OrtCustomOp* SpecexportMatMulOp(const OrtApi* api, uint32_t version);  // native/row_matmul.cc
 OrtCustomOp* SpecexportGatedSiluOp(const OrtApi* api, uint32_t version);  // native/gated_silu.cc
+OrtCustomOp* SpecexportGatherRowsOp(const OrtApi* api, uint32_t version);  // native/row_gather.cc
 
 extern "C" {
 
-// The ONNX Runtime entry point, for the library's operators (this one, row_matmul.cc's RowInvariantMatMulNBits
-// and gated_silu.cc's GatedSiLU). The newest API this library knows that the loading runtime offers is taken
-// (ParallelFor, the oldest call used, came in API 17).
+// The ONNX Runtime entry point, for the library's operators (this one, row_matmul.cc's RowInvariantMatMulNBits,
+// gated_silu.cc's GatedSiLU and row_gather.cc's GatherRowsNBits). The newest API this library knows that the
+// loading runtime offers is taken (ParallelFor, the oldest call used, came in API 17).
 __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
                                                                                 const OrtApiBase* base) {
   uint32_t version = ORT_API_VERSION;
@@ -651,6 +652,7 @@ __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps
     RETURN_IF(g_api->CustomOpDomain_Add(domain, &op));
     RETURN_IF(g_api->CustomOpDomain_Add(domain, SpecexportMatMulOp(api, version + 1)));
     RETURN_IF(g_api->CustomOpDomain_Add(domain, SpecexportGatedSiluOp(api, version + 1)));
+    RETURN_IF(g_api->CustomOpDomain_Add(domain, SpecexportGatherRowsOp(api, version + 1)));
   }
   return g_api->AddCustomOpDomain(options, domain);
 }

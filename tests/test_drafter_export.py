@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -225,10 +226,39 @@ def test_trained_drafter_builds_with_parity_and_refuses_other_targets(trained, t
     piece = OrtPiece("drafter", tmp_path / "b" / spec["file"], manifest.pieces["drafter"], 128,
                      ["CPUExecutionProvider"], 1, manifest.graph.attention, manifest.graph.matmul)
     assert set(piece.run(np.array([[5, 17, 42]]), 0)["top_token"].ravel()) <= set(vocab.tolist())
+    _reads_the_targets_rows(tmp_path / "b")
 
     with pytest.raises(SpecExportError, match="trained for another target model"):
         build_bundle(tmp_path / "c", model=str(drafter_checkpoint), context=64, adapter="none", drafter=str(out))
     assert not (tmp_path / "c").exists()
+
+
+def _reads_the_targets_rows(bundle: Path) -> None:
+    """The drafter projects the tied target's rows (P_in in the graph) from the file that stores them for all."""
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo
+
+    graph = onnx.load(str(bundle / "drafter.onnx"), load_external_data=False).graph
+    names = {t.name: ExternalDataInfo(t).location for t in graph.initializer}
+    assert "embed_tokens" not in names
+    # the rows (float) or their codes (quantized); small scales may be kept inline
+    assert [names[n] for n in names if n in ("tied_rows", "tied_rows_q4", "tied_rows_q8")] == ["shallow.onnx.data"]
+
+
+def test_a_trained_drafter_at_int4_reads_the_lm_head_rows_and_drafts_as_ar(trained, tiny_checkpoint, tmp_path):
+    from specexport.runtime import load
+
+    _, out, _ = trained
+    manifest = build_bundle(tmp_path / "b", model=str(tiny_checkpoint), context=128, adapter="none",
+                            drafter=str(out), precision="int4").to_dict()
+    parity = manifest["pieces"]["drafter"]["parity"]
+    assert parity["dequantized_max_relative_error"]["logits"] <= parity["dequantized_tolerance"]
+    if manifest["graph"]["matmul"] == "rowwise":  # MatMulNBits' layout keeps a table of the drafter's own
+        _reads_the_targets_rows(tmp_path / "b")
+    session = load(tmp_path / "b", threads=1)
+    ar = session.generate("hash table", max_new_tokens=24, mode="ar").tokens
+    drafted = session.generate("hash table", max_new_tokens=24, mode="model")
+    assert drafted.tokens == ar and drafted.stats.drafted > 0
 
 
 def test_auto_takes_the_recipe_drafter_only_for_its_target(trained, tiny_checkpoint, drafter_checkpoint, tmp_path):

@@ -12,6 +12,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnx.external_data_helper import ExternalDataInfo
 from specexport.exporter import quantize, row_matmul
 from specexport.exporter.build import build_bundle
 from specexport.runtime.errors import SpecExportError
@@ -95,6 +96,44 @@ def test_embedding_rows_are_what_the_reference_rounds(precision, symmetric):
 
 
 @pytest.mark.parametrize("precision", ["int8", "int4"])
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_rows_read_from_the_rowwise_lm_head_are_what_the_reference_rounds(precision, symmetric):
+    """A tied table's rows decoded by GatherRowsNBits from the LM head's codes, scales and zero points in the rowwise
+    matmul's tiles are, bit for bit, the rounded LM head's rows the parity reference uses; the tensors are the
+    very bytes `use_rowwise` gives deep's LM head, so the bundle stores them once."""
+    from specexport.exporter import tied_rows
+    from specexport.runtime import attention_op
+
+    if not attention_op.available():
+        pytest.skip(f"the operator library is not built: {attention_op.load_error()}")
+    rng = np.random.default_rng(2)
+    lm_head = (rng.standard_normal((128, 83)) * 0.05).astype(np.float32)  # [hidden, vocab]: 83 is no whole tile
+    spec = quantize.spec_for(precision, symmetric=symmetric)
+    rows = tied_rows.rows_for(lm_head, spec, "rowwise")
+    assert tied_rows.rows_for(lm_head, spec, "mlas") is None and tied_rows.rows_for(lm_head, None, "rowwise") is None
+    model = _embedding_model(np.ascontiguousarray(lm_head.T))
+    assert rows.apply(model) and not rows.apply(model)  # the Gather is gone: nothing left to rewrite
+    assert quantize.EMBED not in {t.name for t in model.graph.initializer}
+    ids = np.array([[0, 7, 82, 8], [5, 5, 81, 63]])
+    options = ort.SessionOptions()
+    attention_op.register(options)
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    got = session.run(None, {"ids": ids})[0]
+    np.testing.assert_array_equal(got, rows.rounded()[ids])
+    with pytest.raises(Exception, match="token id 83 is outside 0..82"):
+        session.run(None, {"ids": np.array([[83]])})
+    assert 0 < np.abs(got - lm_head.T[ids]).max() < (0.05 if precision == "int4" else 0.002)
+    deep = _one_node_model(helper.make_node("MatMul", ["a", quantize.LM_HEAD], ["y"]),
+                           [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["r", 128])],
+                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["r", 83])], lm_head)
+    deep, _ = quantize.quantize_model(deep, spec)
+    row_matmul.use_rowwise(deep)
+    held = sorted(t.raw_data for t in deep.graph.initializer)
+    read = sorted(t.raw_data for t in model.graph.initializer if t.name.startswith(tied_rows.ROWS + "_"))
+    assert held == read
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4"])
 def test_bundle_is_quantized_and_passes_parity(quantized_bundles, precision):
     bundle = quantized_bundles[precision]
     manifest = json.loads((bundle / "manifest.json").read_text())
@@ -117,12 +156,19 @@ def test_bundle_is_quantized_and_passes_parity(quantized_bundles, precision):
         assert all(v <= report["dequantized_tolerance"] for v in report["dequantized_max_relative_error"].values())
         assert all(v >= report["min_top1_agreement"] for v in report["top1_agreement"].values()), name
     shallow = manifest["pieces"]["shallow"]
-    # the token embedding is read as quantized rows, in blocks along the hidden axis, not kept in fp32
-    assert shallow["quantization"]["embedding_quantized"] is True and shallow["quantization"]["float_weights"] == []
     graph = onnx.load(str(bundle / shallow["file"]), load_external_data=False).graph
-    gather = next(n for n in graph.node if n.op_type == "GatherBlockQuantized")
-    assert {a.name: helper.get_attribute_value(a) for a in gather.attribute}["bits"] == 8  # at either precision
-    assert quantize.EMBED not in {t.name for t in graph.initializer}
+    assert quantize.EMBED not in {t.name for t in graph.initializer} and shallow["quantization"]["float_weights"] == []
+    if qop == "RowInvariantMatMulNBits":
+        # the tiny model ties its table: shallow reads its rows from deep's LM head, which stores them once
+        assert shallow["quantization"]["embedding"] == "rows of deep's LM head"
+        assert not [n for n in graph.node if n.op_type == "GatherBlockQuantized"]
+        deep = onnx.load(str(bundle / "deep.onnx"), load_external_data=False).graph
+        where = {t.name: ExternalDataInfo(t).location for t in deep.initializer}  # "" for the small ones kept inline
+        assert where[f"{quantize.LM_HEAD}_q{quantize.BITS[precision]}_rowwise"] == "shallow.onnx.data"
+    else:  # the token embedding is read as 8-bit rows, in blocks along the hidden axis, not kept in fp32
+        assert shallow["quantization"]["embedding_quantized"] is True
+        gather = next(n for n in graph.node if n.op_type == "GatherBlockQuantized")
+        assert {a.name: helper.get_attribute_value(a) for a in gather.attribute}["bits"] == 8  # at either precision
     assert manifest["pieces"]["deep"]["quantization"]["lm_head_quantized"] is True
     deep = onnx.load(str(bundle / manifest["pieces"]["deep"]["file"]), load_external_data=False).graph
     head = next(n for n in deep.node if n.op_type == qop and n.input[1].startswith(quantize.LM_HEAD))

@@ -12,7 +12,8 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import ExternalDataInfo
 from specexport.exporter.onnx_builder import save_model
-from specexport.exporter.shared_weights import read_rows_from_lm_head, share_identical
+from specexport.exporter.shared_weights import share_identical
+from specexport.exporter.tied_rows import ROWS, read_rows_from_lm_head
 from specexport.runtime import load
 
 RNG = np.random.default_rng(0)
@@ -68,7 +69,8 @@ def test_rows_read_from_the_lm_head_layout_are_the_rows(tmp_path):
     save_model(gather_model(TABLE, w), tmp_path / "rows.onnx")
     model = gather_model(TABLE, w)
     assert read_rows_from_lm_head(model)
-    assert numpy_helper.to_array(model.graph.initializer[0]).shape == (16, 50)
+    rows = next(t for t in model.graph.initializer if t.name == ROWS)
+    assert numpy_helper.to_array(rows).shape == (16, 50)
     assert not read_rows_from_lm_head(model)  # the Gather is gone: nothing left to rewrite
     save_model(model, tmp_path / "by_hidden.onnx")
     ids = RNG.integers(0, 50, (2, 9))

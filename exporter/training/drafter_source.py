@@ -45,6 +45,8 @@ class LoadedDrafter:
     model: object  # a transformers LlamaForCausalLM over the full vocabulary
     vocab_map: np.ndarray | None  # the ids its exported head keeps (ascending), None for all
     manifest: dict  # the piece's manifest fields besides the I/O: source, training
+    # a Spec-Drafter's P_in [hidden, target hidden]: its folded embedding is the target's table times P_in^T
+    in_proj: np.ndarray | None = None
 
 
 def _trained(directory: Path, target: ModelSource, where: str) -> DrafterChoice:
@@ -111,4 +113,5 @@ def load_drafter_model(choice: DrafterChoice, target_model) -> LoadedDrafter:
                                          "train_sequences", "heldout_sequences", "parameters", "config", "data",
                                          "train_seconds", "command")}
     source["target_sha256"] = meta["target_sha256"]
-    return LoadedDrafter(model, vocab, {"source": source, "training": training})
+    in_proj = drafter.in_proj.weight.detach().float().numpy()
+    return LoadedDrafter(model, vocab, {"source": source, "training": training}, in_proj)
