@@ -460,7 +460,9 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
             drafter_model, drafter_vocab = loaded.model, loaded.vocab_map
             dw = extract(drafter_model, context)
             # a Spec-Drafter's folded table (the target's times P_in) unfolded where the target's rows are shared
-            drafter_in_proj = loaded.in_proj if tied and (qspec is None or quantized_rows is not None) else None
+            # on the CPU; a TensorRT engine holds its own weights, and there the folded table is the smaller
+            unfold = tied and flavour == "ort" and (qspec is None or quantized_rows is not None)
+            drafter_in_proj = loaded.in_proj if unfold else None
             graph = llama_graph.build_drafter(dw.dims, dw.rope, dw.embed if drafter_in_proj is None else weights.embed,
                                               dw.layers, dw.final_norm, dw.lm_head, flavour, dtype,
                                               vocab_map=drafter_vocab, arch=dw.arch, in_proj=drafter_in_proj)
