@@ -27,7 +27,7 @@ from . import quantize, row_matmul
 
 TABLE = quantize.EMBED  # the Gather's table in the pieces llama_graph builds
 ROWS = "tied_rows"  # the float rows' tensor: named apart so the quantizer never takes it for a table of its own
-OP_TYPE = "GatherRowsNBits"
+OP_TYPE = attention_op.GATHER_ROWS_OP_TYPE
 
 
 def _gather_node(graph: onnx.GraphProto, table: str) -> onnx.NodeProto | None:

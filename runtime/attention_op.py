@@ -23,6 +23,7 @@ DOMAIN = "specexport"
 OP_TYPE = "RowInvariantAttention"
 MATMUL_OP_TYPE = "RowInvariantMatMulNBits"  # native/row_matmul.cc, in the same library
 GATED_OP_TYPE = "GatedSiLU"  # native/gated_silu.cc: in graphs that use either of the two above
+GATHER_ROWS_OP_TYPE = "GatherRowsNBits"  # a tied table's rows read from the rowwise LM head (native/row_gather.cc)
 LIBRARY = "_row_attention"
 WIDEST_GQA_HEAD = 128  # above: GroupQueryAttention's CPU kernel rounds a row by its call's total length
 HOW_TO_BUILD = ("reinstall specexport where a C++ compiler is on the PATH (`make setup`, or `pip install .`),"

@@ -207,7 +207,7 @@ def test_a_manifest_that_hides_the_matmul_operator_is_refused_naming_the_field(t
     build_bundle(tmp_path / "built", model=str(tiny_checkpoint), context=128, adapter="none", drafter="none",
                  precision="int4", attention="gqa", matmul="rowwise")
     copy = _hide(tmp_path / "built", tmp_path, "matmul")
-    said = (r"the graph of piece '\w+' uses specexport's RowInvariantMatMulNBits operator,"
+    said = (r"the graph of piece '\w+' uses specexport's (RowInvariantMatMulNBits|GatherRowsNBits) operator,"
             r" but manifest field graph.matmul")
     with pytest.raises(SpecExportError, match=said) as err:
         load(copy)

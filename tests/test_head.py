@@ -268,15 +268,16 @@ def test_head_sampling_follows_the_target(bundles):
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
 def test_the_head_reads_shallow_s_table(bundles, precision):
-    """The head's embedding rows are shallow's, bit for bit (fp32: the tied table in the LM head's layout; int8:
-    the same 8-bit rows), so the bundle stores them once, in shallow's data file."""
+    """The head's embedding rows are shallow's, bit for bit (the tied table as deep's LM head holds it: fp32 in its
+    [hidden, vocab] layout, int8 in the row-invariant matmul's tiles), so the bundle stores them once, in
+    shallow's data file."""
     import onnx
     from onnx.external_data_helper import ExternalDataInfo
 
     head = onnx.load(str(bundles[precision] / "head.onnx"), load_external_data=False)
     where = {t.name: ExternalDataInfo(t).location for t in head.graph.initializer
              if t.data_location == onnx.TensorProto.EXTERNAL}
-    embedding = [n for n in where if n.startswith("embed_tokens")]
+    embedding = [n for n in where if n.startswith("tied_rows")]
     assert embedding and all(where[n] == "shallow.onnx.data" for n in embedding), where
 
 

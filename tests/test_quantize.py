@@ -120,7 +120,7 @@ def test_rows_read_from_the_rowwise_lm_head_are_what_the_reference_rounds(precis
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     got = session.run(None, {"ids": ids})[0]
     np.testing.assert_array_equal(got, rows.rounded()[ids])
-    with pytest.raises(Exception, match="token id 83 is outside 0..82"):
+    with pytest.raises(Exception, match=r"token id 83 is outside 0\.\.82"):
         session.run(None, {"ids": np.array([[83]])})
     assert 0 < np.abs(got - lm_head.T[ids]).max() < (0.05 if precision == "int4" else 0.002)
     deep = _one_node_model(helper.make_node("MatMul", ["a", quantize.LM_HEAD], ["y"]),

@@ -78,7 +78,8 @@ def unloadable(name: str, path: Path, exc: Exception, attention: str, matmul: st
     reason = " ".join(str(exc).split())
     used = re.search(rf"{attention_op.DOMAIN}:(\w+)\(-?\d+\) is not a registered function/op", reason)
     fields = {attention_op.OP_TYPE: ("graph.attention", attention),
-              attention_op.MATMUL_OP_TYPE: ("graph.matmul", matmul)}
+              attention_op.MATMUL_OP_TYPE: ("graph.matmul", matmul),
+              attention_op.GATHER_ROWS_OP_TYPE: ("graph.matmul", matmul)}
     if used and used.group(1) == attention_op.GATED_OP_TYPE:
         return (f"the graph of piece {name!r} uses specexport's {used.group(1)} operator, which comes only with"
                 f" graph.attention or graph.matmul 'rowwise', but the manifest says {attention!r} and {matmul!r};"
