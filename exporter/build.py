@@ -172,6 +172,33 @@ def _dequantized_reference(model, exit_layer: int, adapter, vocab_map: np.ndarra
                       head_vocab, head_lm, head_embed)
 
 
+def _gptq_rounded(model, tokenizer, source, cfg: dict, spec: quantize.QuantSpec, context: int) -> tuple:
+    """A copy of the model GPTQ-rounded at `spec` (exporter/gptq.py) and the manifest's record of how."""
+    from . import gptq
+
+    corpus = None
+    if cfg.get("corpus") and cfg.get("path"):
+        from .training.corpus import recipe_corpus
+
+        corpus = recipe_corpus(cfg, Path(cfg["path"]).parent)[0]
+    sequences = gptq.corpus_calibration(corpus, source.origin_sha256)
+    if sequences is not None:
+        what = f"the first {len(sequences)} prompts and answers of {corpus.name} (the target's own greedy answers)"
+    else:
+        from .training.adapter_source import training_prompts
+
+        prompts = training_prompts(cfg.get("adapter", {}).get("train", {}))
+        sequences = kv_cache.calibration_sequences(tokenizer, prompts, context)[:gptq.CALIBRATION_SEQUENCES]
+        what = f"{len(sequences)} chat-formatted training prompts (no corpus distilled from this model)"
+    bar = tqdm(total=gptq.linear_count(model), desc="GPTQ", unit="matrix", file=sys.stderr, disable=None, leave=False)
+    try:
+        rounded = gptq.rounded_copy(model, sequences, spec, progress=bar.update)
+    finally:
+        bar.close()
+    return rounded, {"method": "GPTQ (exporter/gptq.py), least-squares block scales", "set": what,
+                     "tokens": sum(len(s) for s in sequences), "damping": gptq.DAMPING}
+
+
 INT4_QDQ_OPSET = 21  # the first opset whose DequantizeLinear takes blocks (INT4 needs per-block scales)
 
 
@@ -372,7 +399,12 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
         stage("loading model")
         torch_model, tokenizer = model_source.load_model(source.checkpoint)
         stages.update()
-        weights = extract(torch_model, context)
+        target_model = torch_model  # the weights the target's pieces are exported from
+        calibration = None
+        if qspec is not None and qspec.rounding == "gptq":
+            stage("GPTQ rounding")
+            target_model, calibration = _gptq_rounded(torch_model, tokenizer, source, cfg, qspec, context)
+        weights = extract(target_model, context)
         dims = weights.dims
         row_attention.check_head_size(attention, flavour, dims.head_dim)
         ell = int(exp.get("exit_layer", 2))
@@ -501,7 +533,7 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
         dequantized = None
         if qspec is not None or draft_spec is not None:
             rows = quantized_rows.rounded() if quantized_rows is not None else weights.embed if tied else None
-            dequantized = _dequantized_reference(torch_model, ell, adapter_module, vocab_map, qspec, drafter_model,
+            dequantized = _dequantized_reference(target_model, ell, adapter_module, vocab_map, qspec, drafter_model,
                                                  drafter_vocab, draft_spec, head_module, head_vocab,
                                                  rows=rows if tied and (qspec is None or quantized_rows is not None)
                                                  else None,
@@ -540,7 +572,9 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
             name=cfg.get("name", Path(out).name),
             model=ModelInfo(torch_model.config.model_type, dims, ell, tokenizer.bos_token_id, tuple(eos_ids)),
             graph=GraphInfo(flavour, opset, precision, OPSET_NOTES[opset],
-                            qspec.as_dict() if qspec is not None else None, attention, matmul),
+                            None if qspec is None else {**qspec.as_dict(),
+                                                         **({"calibration": calibration} if calibration else {})},
+                            attention, matmul),
             tokenizer=TokenizerInfo(tok_file, tuple(eos_ids), chat_format(tokenizer),
                                     getattr(tokenizer, "chat_template", None)),
             generation=read_record(GenerationDefaults, cfg["generation"], "recipe [generation]"),

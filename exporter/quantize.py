@@ -37,7 +37,10 @@ BITS = {"int4": 4, "int8": 8}
 # call costs markedly less in blocks of 64 (fewer per-block scale steps) and zero points keep the agreement that
 # the bigger blocks would lose. Blocks of 64 are the largest where MLAS still rounds an 8-bit one-row call as a
 # row of a many-row call (int4: 32); beyond them a session would have to run every AR step at two rows.
-DEFAULTS = {"int4": {"symmetric": False}, "int8": {"symmetric": False, "block_size": 64}}
+# At int4, GPTQ's rounding (exporter/gptq.py) agrees with fp32 far more than each block rounded on its own, for
+# the same graph and speed (BENCHMARKS.md, "Quantization and agreement with fp32").
+DEFAULTS = {"int4": {"symmetric": False, "rounding": "gptq"}, "int8": {"symmetric": False, "block_size": 64}}
+ROUNDINGS = ("least_squares", "gptq")
 LM_HEAD = "lm_head"  # the initializer name llama_graph gives the LM head of `deep` and `adapter`
 EMBED = "embed_tokens"  # ... and the token embedding of shallow, the drafter and the draft head
 
@@ -59,6 +62,9 @@ class QuantSpec:
     lm_head_bits: int | None = None  # None: as the decoder layers
     lm_head_block_size: int | None = None
     kv_cache: str = "float"  # "int8": shallow's and deep's caches in int8 per channel (exporter/kv_cache.py)
+    # "gptq": the target's weights rounded with error compensation over a calibration set before export
+    # (exporter/gptq.py); "least_squares": each block rounded on its own
+    rounding: str = "least_squares"
 
     def as_dict(self) -> dict:
         return {"op": "com.microsoft.MatMulNBits", **asdict(self)}
@@ -96,6 +102,8 @@ def spec_for(precision: str, **overrides) -> QuantSpec | None:
         if block is not None and (not isinstance(block, int) or block < 16 or block & (block - 1)):
             raise SpecExportError(f"recipe [export.quantize] {key} = {block!r} is not a power of two >= 16;"
                                   " use 16, 32, 64, 128 or 256")
+    if spec.rounding not in ROUNDINGS:
+        raise SpecExportError(f"recipe [export.quantize] rounding = {spec.rounding!r}; use {' or '.join(ROUNDINGS)}")
     if spec.lm_head_bits not in (None, 4, 8):
         raise SpecExportError(f"recipe [export.quantize] lm_head_bits = {spec.lm_head_bits!r}; use 4 or 8")
     return spec
@@ -181,13 +189,20 @@ def _candidates(wt: np.ndarray, spec: QuantSpec):
         extreme = np.take_along_axis(wt, np.abs(wt).argmax(axis=-1)[..., None], axis=-1)
         for f in shrink:
             yield extreme / -mid * np.float32(f), np.float32(mid)
+        if spec.rounding == "gptq":  # weights already on a grid: the extreme at each code, so one is the grid's
+            for m in range(1, mid + 1):
+                yield extreme / np.float32(-m), np.float32(mid)
+                if m < mid:
+                    yield extreme / np.float32(m), np.float32(mid)
         return
     ranges = [(np.minimum(wt.min(-1, keepdims=True), 0), np.maximum(wt.max(-1, keepdims=True), 0))]
     if spec.search:  # the tight range wins for blocks that do not straddle 0
         ranges.append((wt.min(-1, keepdims=True), wt.max(-1, keepdims=True)))
+    # weights already on a grid (GPTQ's): a block spanning m codes is the grid's at scale (hi - lo) / m
+    spans = [qmax / m for m in range(1, qmax)] if spec.rounding == "gptq" else []
     for lo, hi in ranges:
-        for f in shrink:
-            if f > 1:
+        for f in [*shrink, *spans]:
+            if f > 1 and f not in spans:
                 continue  # asymmetric ranges already cover every value
             scale = (hi - lo) / qmax * np.float32(f)
             safe = np.where(scale == 0, np.float32(1.0), scale)
