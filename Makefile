@@ -30,7 +30,7 @@ $(BUNDLE)/manifest.json: | setup
 demo: setup $(BUNDLE)/manifest.json
 	$(BIN)/specexport generate --bundle $(BUNDLE) --max-new-tokens 128 --stats "$(PROMPT)"
 
-test: setup
+test: setup .venv-modelopt/.installed
 	$(BIN)/python -m pytest -q
 
 # the real model's lossless matrix at full strength: every mode, tree, schedule and policy against AR of the same

@@ -73,9 +73,15 @@ def main() -> None:
               " specexport's CPU operator (in the attention operator's library), which computes every row alone so"
               " one-token calls round as rows of a verification call on any CPU. Default: the recipe's, else rowwise"
               " where the package was installed with the operator.")
-@click.option("--precision", type=click.Choice(["fp32", "int8", "int4"]), default=None,
-              help="Weights: fp32, or int8/int4 weight-only quantization (ONNX Runtime's MatMulNBits, blocks of 64 /"
-              " 32 along K; the ort flavour only). Default: the recipe's (fp32).")
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "int8", "int4"]), default=None,
+              help="ONNX Runtime: fp32, or int8/int4 weight-only quantization (MatMulNBits, blocks of 64 / 32 along K;"
+              " default: the recipe's, fp32). TensorRT: fp16, or int8/int4 Q/DQ pieces quantized by NVIDIA ModelOpt"
+              " (INT4 weight-only AWQ, INT8 weights and activations), as the target's TensorRT allows (default:"
+              " fp16).")
+@click.option("--modelopt-python", default=None,
+              help="With --backend tensorrt --precision int8|int4: the Python that imports NVIDIA ModelOpt. Default:"
+              " $SPECEXPORT_MODELOPT_PYTHON, else .venv-modelopt/bin/python here (`make .venv-modelopt/.installed`),"
+              " else this one.")
 @click.option("--drafting-precision", type=click.Choice(["bundle", "int8", "int4"]), default=None,
               help="Weights of the drafting pieces (adapter, drafter): int8/int4 (the ort flavour), or 'bundle' for"
               " the bundle's own. Drafts never change the output, only the speed. Default: the recipe's"
@@ -94,7 +100,8 @@ def main() -> None:
               " `specexport train-head`.")
 @click.option("--force", is_flag=True, help="Replace an existing bundle at --out.")
 @click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]), default=None,
-              help="tensorrt: fp16 standard-flavour pieces, checked against --target's TensorRT, with a build plan,"
+              help="tensorrt: standard-flavour pieces (fp16, or --precision int8/int4), checked against --target's"
+              " TensorRT, with a build plan,"
               " a trtexec script per piece and (on a machine with TensorRT and the target's GPU) the engines."
               " Default: onnxruntime, or tensorrt when --target is given.")
 @click.option("--target", default=None, help="TensorRT target: orin-nano (alias jetpack6), agx-orin, thor (alias"
@@ -103,8 +110,8 @@ def main() -> None:
               " scripts but build no engines (no TensorRT or GPU needed); build them on the device with"
               " `specexport engines build`.")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON on stdout.")
-def build(out, recipe, model, exit_layer, context, flavour, attention, matmul, precision, drafting_precision, adapter,
-          drafter, head, force, backend, target, plan_only, as_json) -> None:
+def build(out, recipe, model, exit_layer, context, flavour, attention, matmul, precision, modelopt_python,
+          drafting_precision, adapter, drafter, head, force, backend, target, plan_only, as_json) -> None:
     """Build a bundle: load the model, cut and export its pieces, check them against PyTorch."""
     try:
         from ..exporter.build import build_bundle
@@ -114,7 +121,8 @@ def build(out, recipe, model, exit_layer, context, flavour, attention, matmul, p
     manifest = build_bundle(out, recipe=recipe, model=model, exit_layer=exit_layer, context=context,
                             flavour=flavour, force=force, adapter=adapter, command=command_line(), backend=backend,
                             target=target, plan_only=plan_only, precision=precision, drafter=drafter,
-                            drafting_precision=drafting_precision, head=head, attention=attention, matmul=matmul)
+                            drafting_precision=drafting_precision, head=head, attention=attention, matmul=matmul,
+                            modelopt_python=modelopt_python)
     if as_json:
         click.echo(manifest.to_json(), nl=False)
     else:

@@ -46,6 +46,8 @@ from .recipe import load_recipe, with_overrides
 PRECISIONS = {"fp32": np.float32, "fp16": np.float16, "int8": np.float32, "int4": np.float32}
 BACKENDS = ("onnxruntime", "tensorrt")
 OPSET_NOTES = {OPSET: "opset 17: parsed by TensorRT 10.3 (JetPack 6) and later",
+               19: "opset 19: ModelOpt's INT8 Q/DQ graphs, parsed by TensorRT 10.3 (JetPack 6) and later",
+               21: "opset 21: ModelOpt's INT4 blocked DequantizeLinear, parsed by TensorRT 10.13 (JetPack 7) and later",
                24: "opset 24: TensorScatter cache writes, which TensorRT 10.15 and later update in place"}
 
 
@@ -176,20 +178,7 @@ def _gptq_rounded(model, tokenizer, source, cfg: dict, spec: quantize.QuantSpec,
     """A copy of the model GPTQ-rounded at `spec` (exporter/gptq.py) and the manifest's record of how."""
     from . import gptq
 
-    corpus = None
-    if cfg.get("corpus") and cfg.get("path"):
-        from .training.corpus import recipe_corpus
-
-        corpus = recipe_corpus(cfg, Path(cfg["path"]).parent)[0]
-    sequences = gptq.corpus_calibration(corpus, source.origin_sha256)
-    if sequences is not None:
-        what = f"the first {len(sequences)} prompts and answers of {corpus.name} (the target's own greedy answers)"
-    else:
-        from .training.adapter_source import training_prompts
-
-        prompts = training_prompts(cfg.get("adapter", {}).get("train", {}))
-        sequences = kv_cache.calibration_sequences(tokenizer, prompts, context)[:gptq.CALIBRATION_SEQUENCES]
-        what = f"{len(sequences)} chat-formatted training prompts (no corpus distilled from this model)"
+    sequences, what = _calibration_sequences(cfg, source, tokenizer, context, gptq.CALIBRATION_SEQUENCES)
     bar = tqdm(total=gptq.linear_count(model), desc="GPTQ", unit="matrix", file=sys.stderr, disable=None, leave=False)
     try:
         rounded = gptq.rounded_copy(model, sequences, spec, progress=bar.update)
@@ -199,26 +188,76 @@ def _gptq_rounded(model, tokenizer, source, cfg: dict, spec: quantize.QuantSpec,
                      "tokens": sum(len(s) for s in sequences), "damping": gptq.DAMPING}
 
 
-INT4_QDQ_OPSET = 21  # the first opset whose DequantizeLinear takes blocks (INT4 needs per-block scales)
+def _calibration_sequences(cfg: dict, source, tokenizer, context: int, count: int) -> tuple[list[list[int]], str]:
+    """Token sequences to calibrate quantization on: the recipe's corpus when it was distilled from this checkpoint
+    (the target's own greedy answers), else the chat-formatted training prompts; and what they are, in words."""
+    from . import gptq
+
+    corpus = None
+    if cfg.get("corpus") and cfg.get("path"):
+        from .training.corpus import recipe_corpus
+
+        corpus = recipe_corpus(cfg, Path(cfg["path"]).parent)[0]
+    sequences = gptq.corpus_calibration(corpus, source.origin_sha256, count=count)
+    if sequences is not None:
+        return sequences, (f"the first {len(sequences)} prompts and answers of {corpus.name} (the target's own greedy"
+                           " answers)")
+    from .training.adapter_source import training_prompts
+
+    prompts = training_prompts(cfg.get("adapter", {}).get("train", {}))
+    sequences = kv_cache.calibration_sequences(tokenizer, prompts, context)[:count]
+    return sequences, f"{len(sequences)} chat-formatted training prompts (no corpus distilled from this model)"
+
+
+def _modelopt_pieces(writer, tool, how, cfg: dict, source, tokenizer, context: int) -> int:
+    """The fp16 pieces in `writer` quantized by ModelOpt (exporter/tensorrt/quantize_pieces.py) in place; returns
+    the opset the quantized graphs are at."""
+    from .tensorrt import quantize_pieces
+
+    sequences, what = _calibration_sequences(cfg, source, tokenizer, context,
+                                             how.sequences + quantize_pieces.HELD_OUT)
+    windows = quantize_pieces.calibration_windows(sequences, how.sequences + quantize_pieces.HELD_OUT, how.length)
+    if len(windows) <= quantize_pieces.HELD_OUT:
+        raise SpecExportError(f"ModelOpt needs more than {quantize_pieces.HELD_OUT} calibration sequences and the"
+                              f" recipe gives {len(windows)}; add training prompts or a corpus")
+    calibration, held_out = windows[:-quantize_pieces.HELD_OUT], windows[-quantize_pieces.HELD_OUT:]
+    what = f"{len(calibration)} windows of {calibration.shape[1]} tokens from {what}"
+    names = [n for n in quantize_pieces.QUANTIZED if n in writer.pieces]
+    bar = tqdm(total=len(names), desc=f"ModelOpt {how.precision}", unit="piece", file=sys.stderr, disable=None,
+               leave=False)
+    try:
+        done = quantize_pieces.quantize_all(writer.tmp, writer.pieces, tool, how, calibration, held_out, what,
+                                            progress=bar.update)
+    finally:
+        bar.close()
+    import onnx
+
+    opset = 0
+    for name, (path, record) in done.items():
+        model = onnx.load(str(path))
+        opset = max(opset, *(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")))
+        writer.replace_graph(name, model, quantization=record)
+        del model
+    import shutil
+
+    shutil.rmtree(writer.tmp / ".modelopt")
+    return opset
 
 
 def _check_precision(precision: str | None, flavour: str | None, backend: str | None, target: str | None) -> None:
-    """Refuses quantized precisions where MatMulNBits cannot run, before anything is written."""
+    """Refuses a precision the backend cannot build, before anything is written: for TensorRT, one its target's
+    TensorRT lacks; for ONNX Runtime, quantized weights outside the ort flavour (MatMulNBits) and fp16."""
+    if backend == "tensorrt" or target:
+        if precision is not None:
+            from .tensorrt.targets import load_target, require_precision
+
+            require_precision(load_target(target or "orin-nano"), precision)
+        return
+    if precision == "fp16":
+        raise SpecExportError("fp16 pieces are TensorRT's (the standard flavour); add --backend tensorrt --target"
+                              " DEVICE, or build for ONNX Runtime at fp32, int8 or int4")
     if precision is None or precision not in quantize.BITS:
         return
-    if backend == "tensorrt" or target:
-        from .tensorrt.targets import load_target
-
-        t = load_target(target or "orin-nano")
-        version, most = t["tensorrt"]["version"], t["tensorrt"]["parses_opsets"][1]
-        if precision == "int4" and most < INT4_QDQ_OPSET:
-            raise SpecExportError(f"target {t['name']}'s TensorRT {version} parses opsets up to {most}, and INT4"
-                                  f" weight-only graphs need {INT4_QDQ_OPSET} (blocked DequantizeLinear), so it builds"
-                                  " fp16 pieces only; drop --precision int4")
-        raise SpecExportError(f"the TensorRT export writes fp16 pieces so far: target {t['name']}'s TensorRT {version}"
-                              f" parses {precision} Q/DQ graphs, but quantizing the pieces with NVIDIA ModelOpt is not"
-                              f" part of `specexport build` yet; drop --precision {precision} or build for --backend"
-                              " onnxruntime")
     if flavour not in (None, "ort"):
         raise SpecExportError(f"{precision} weights need the 'ort' graph flavour (ONNX Runtime's MatMulNBits), not"
                               f" {flavour!r}; drop --flavour {flavour} or build with --precision fp32")
@@ -285,14 +324,17 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
                  adapter: str | None = None, command: str = "", backend: str | None = None,
                  target: str | None = None, plan_only: bool = False, precision: str | None = None,
                  drafter: str | None = None, drafting_precision: str | None = None, head: str | None = None,
-                 attention: str | None = None, matmul: str | None = None) -> dict:
+                 attention: str | None = None, matmul: str | None = None,
+                 modelopt_python: str | None = None) -> dict:
     """Build a bundle at `out`. `adapter`: 'auto' (shipped, cached or freshly trained), 'none',
     'untrained' (tests only) or a trained adapter directory. `drafter`: 'auto' (the recipe's shipped drafter
     when it was trained for this target, else none), 'none', a `specexport train-drafter` directory or a
     Hugging Face Llama-family checkpoint directory with the target's tokenizer. With `backend='tensorrt'` and a `target`
-    (name, alias or .toml): fp16 standard-flavour pieces checked against the target's TensorRT, its build
+    (name, alias or .toml): standard-flavour pieces checked against the target's TensorRT, its build
     plan and trtexec scripts, and (unless `plan_only`) the engines, built here through TensorRT.
-    `precision`: fp32, or int8/int4 weight-only quantization of the ort flavour (default: the recipe's).
+    `precision`: fp32, or int8/int4 weight-only quantization of the ort flavour (default: the recipe's); for
+    TensorRT fp16, or int8/int4 Q/DQ pieces quantized by NVIDIA ModelOpt (`modelopt_python`: the interpreter
+    that imports it; exporter/tensorrt/quantize_pieces.py), as the target allows (default: the target's).
     `drafting_precision`: int8 or int4 for the adapter's, drafter's and head's weights, or 'bundle' for the
     bundle's own (default: the recipe's [export.drafting_precision] entry for the bundle's precision).
     `head`: the feature-level draft head: 'auto' (the recipe's shipped head when it was trained for this
@@ -309,14 +351,23 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
     cfg = with_overrides(load_recipe(recipe), exit_layer=exit_layer, context=context, flavour=flavour,
                          precision=precision)
     exp = cfg["export"]
+    trt_precision = modelopt = modelopt_settings = None
     if trt_target is not None:
-        exp["precision"] = trt_target["build"]["precision"]  # strongly typed: the precision is the ONNX file's
+        # the pieces are exported at fp16; ModelOpt quantizes them to int8/int4 after the parity check
+        trt_precision = precision or trt_target["build"]["precision"]
+        exp["precision"] = "fp16"
+        if trt_precision in quantize.BITS:
+            from .tensorrt import quantize_pieces
+
+            modelopt_settings = quantize_pieces.settings(trt_precision, exp.get("modelopt"))
+            modelopt = quantize_pieces.find_modelopt(modelopt_python)
     flavour, precision = exp.get("flavour", "ort"), exp.get("precision", "fp32")
     if flavour not in llama_graph.FLAVOURS:
         raise SpecExportError(f"unknown graph flavour {flavour!r}; use one of {', '.join(llama_graph.FLAVOURS)}")
     if precision not in PRECISIONS:
         raise SpecExportError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
-    _check_precision(precision, flavour, None, None)  # the recipe's precision and flavour, too
+    if trt_target is None:
+        _check_precision(precision, flavour, None, None)  # the recipe's precision and flavour, too
     # the recipe's [export.quantize] may override the measured defaults (quantize.QuantSpec's fields)
     qspec = quantize.spec_for(precision, **exp.get("quantize", {}))
     # the adapter's and drafter's weights may take a precision of their own (measured per bundle precision)
@@ -546,12 +597,19 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
             writer.set_parity(name, result)
         stages.update()
 
+        if modelopt is not None:
+            stage(f"quantizing to {trt_precision} (ModelOpt)")
+            opset = _modelopt_pieces(writer, modelopt, modelopt_settings, cfg, source, tokenizer, context)
+            from .tensorrt.opcheck import require_supported
+
+            require_supported(writer.tmp, writer.pieces, trt_target)  # the Q/DQ nodes against TensorRT's rules
+            precision = trt_precision
         trt_section: dict = {"engines": []}
         if trt_target is not None:
             from .tensorrt.plan import plan_tensorrt
 
             stage("planning TensorRT engines")
-            trt_section = plan_tensorrt(writer.tmp, writer.pieces, trt_target, context=context)
+            trt_section = plan_tensorrt(writer.tmp, writer.pieces, trt_target, context=context, precision=precision)
             if not plan_only:
                 from .tensorrt.engines import build_section
 
@@ -571,7 +629,7 @@ def build_bundle(out: Path, recipe: str | None = None, model: str | None = None,
         manifest = writer.commit(
             name=cfg.get("name", Path(out).name),
             model=ModelInfo(torch_model.config.model_type, dims, ell, tokenizer.bos_token_id, tuple(eos_ids)),
-            graph=GraphInfo(flavour, opset, precision, OPSET_NOTES[opset],
+            graph=GraphInfo(flavour, opset, precision, OPSET_NOTES.get(opset, f"opset {opset}"),
                             None if qspec is None else {**qspec.as_dict(),
                                                          **({"calibration": calibration} if calibration else {})},
                             attention, matmul),

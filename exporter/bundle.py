@@ -96,6 +96,19 @@ class BundleWriter:
         self.pieces[name] = spec
         return spec
 
+    def replace_graph(self, name: str, model: onnx.ModelProto, **changes) -> Piece:
+        """Saves another graph for a piece already added (a quantized one), its inputs and outputs read again;
+        ``changes``: further `Piece` fields. Before `commit` a piece's data file is its own."""
+        old = self.pieces[name]
+        for file in (old.file, old.data):
+            if file:
+                (self.tmp / file).unlink(missing_ok=True)  # ONNX appends external data to a file that exists
+        files = save_model(model, self.tmp / f"{name}.onnx")
+        self.pieces[name] = dataclasses.replace(old, file=files[0].name, data=files[1].name if len(files) > 1 else None,
+                                                inputs=io_spec(model.graph.input), outputs=io_spec(model.graph.output),
+                                                **changes)
+        return self.pieces[name]
+
     def set_parity(self, name: str, result: dict) -> None:
         self.pieces[name] = dataclasses.replace(self.pieces[name], parity=result)
 

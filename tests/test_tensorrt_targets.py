@@ -74,6 +74,10 @@ def test_unknown_target_names_the_available_ones():
      'workspace_mib = 1\n', "opset is 24, but swap KV updates are exported at opset 17"),
     ('[tensorrt]\nversion = "10.3"\ncompute_capability = "8.7"\n[build]\nmax_context = 8\nworkspace_mib = 1\n'
      'kv_update = "ring"\n', "kv_update 'ring'"),
+    ('[tensorrt]\nversion = "10.3"\ncompute_capability = "8.7"\nprecisions = ["fp16", "int4"]\n[build]\n'
+     'max_context = 8\nworkspace_mib = 1\n', "lists int4, but TensorRT 10.3 parses opsets up to 20"),
+    ('[tensorrt]\nversion = "10.13"\ncompute_capability = "11.0"\nprecisions = ["fp8"]\n[build]\nmax_context = 8\n'
+     'workspace_mib = 1\n', r"precisions = \['fp8'\]; list some of fp16, int8, int4"),
 ])
 def test_bad_target_files_say_what_is_wrong(tmp_path, body, words):
     path = tmp_path / "bad.toml"
@@ -101,15 +105,17 @@ def test_matrix_cites_its_source_and_dates_operators():
     assert matrix_version("10.3.0.30") == "10.3" and matrix_version("10.13.3") == "10.13"
 
 
-@pytest.mark.parametrize(("target", "fragment"), [
-    ("orin-nano", "TensorRT 10.3 parses opsets up to 20, and INT4 weight-only graphs need 21"),
-    ("thor", "target thor's TensorRT 10.13 parses int4 Q/DQ graphs"),
+@pytest.mark.parametrize(("target", "precision", "fragment"), [
+    ("orin-nano", "int4", "target orin-nano's TensorRT 10.3 builds fp16 and int8 pieces, not int4 (INT4 weight-only"
+                          " graphs need opset 21, blocked DequantizeLinear, and it parses up to 20); use --precision"
+                          " fp16 or int8"),
+    ("thor", "fp32", "target thor's TensorRT 10.13 builds fp16, int8 and int4 pieces, not fp32"),
 ])
-def test_a_precision_the_target_lacks_is_refused_before_anything_is_written(tmp_path, target, fragment):
+def test_a_precision_the_target_lacks_is_refused_before_anything_is_written(tmp_path, target, precision, fragment):
     from .test_cli import assert_one_sentence_error, cli
 
     out = tmp_path / "b"
-    proc = cli("build", "--backend", "tensorrt", "--target", target, "--precision", "int4", "--plan-only",
+    proc = cli("build", "--backend", "tensorrt", "--target", target, "--precision", precision, "--plan-only",
                "--out", str(out))
     assert_one_sentence_error(proc, fragment)
     assert not out.exists() and not list(tmp_path.iterdir())

@@ -36,7 +36,7 @@ from ...runtime.manifest import MANIFEST, Piece
 from .graph import is_inplace
 from .memory import plan_memory
 from .opcheck import require_supported
-from .targets import load_target
+from .targets import load_target, require_precision
 
 TRT_DIR = "tensorrt"
 TIMING_CACHE = f"{TRT_DIR}/timing.cache"
@@ -190,18 +190,27 @@ def kv_binding(name: str, model: onnx.ModelProto, spec: Piece, context: int) -> 
     return "inplace"
 
 
+def _bundle_precision(bundle_dir: Path) -> str | None:
+    if (Path(bundle_dir) / MANIFEST).is_file():
+        return read_manifest(bundle_dir).precision
+    return None
+
+
 def _bundle_context(bundle_dir: Path) -> int | None:
     if (Path(bundle_dir) / MANIFEST).is_file():
         return read_manifest(bundle_dir).max_context
     return None
 
 
-def plan_tensorrt(bundle_dir: Path, pieces: dict[str, Piece], target: str | dict, context: int | None = None) -> dict:
+def plan_tensorrt(bundle_dir: Path, pieces: dict[str, Piece], target: str | dict, context: int | None = None,
+                  precision: str | None = None) -> dict:
     """Op check (raises naming the failing nodes), then the per-piece plan and trtexec scripts written
     under ``bundle_dir/tensorrt/``; returns the manifest's ``tensorrt`` section (``engines`` empty).
 
     ``context`` is the bundle's KV cache length (its ``dims.max_context``); by default it is read from
-    ``bundle_dir/manifest.json`` when there is one, else the target's ``max_context``."""
+    ``bundle_dir/manifest.json`` when there is one, else the target's ``max_context``. ``precision``: the
+    bundle's (fp16, or int8/int4 for ModelOpt's Q/DQ pieces, whose inputs and outputs are fp16 too); by default
+    the manifest's, else the target's."""
     bundle_dir = Path(bundle_dir)
     target = load_target(target)
     build = target["build"]
@@ -211,17 +220,19 @@ def plan_tensorrt(bundle_dir: Path, pieces: dict[str, Piece], target: str | dict
                               f" {build['max_context']}; rebuild with --context {build['max_context']} or less")
     report = require_supported(bundle_dir, pieces, target)
     for name, spec in pieces.items():
-        precision = _piece_precision(spec)
-        if precision != build["precision"]:
-            raise SpecExportError(f"piece {name!r} is {precision}, target {target['name']} builds"
-                                  f" {build['precision']} (strongly typed: the precision comes from the ONNX"
-                                  " file); rebuild the bundle with --backend tensorrt")
+        io = _piece_precision(spec)
+        if io != "fp16":
+            raise SpecExportError(f"piece {name!r} is {io}, target {target['name']} builds fp16 pieces and their"
+                                  " Q/DQ forms (strongly typed: the precision comes from the ONNX file); rebuild"
+                                  " the bundle with --backend tensorrt")
         if spec.kv.count and spec.kv.mode != "swap":
             raise SpecExportError(f"piece {name!r} binds its KV cache in {spec.kv.mode!r} mode; TensorRT"
                                   " needs the standard flavour's cache outputs; rebuild the"
                                   " bundle with --backend tensorrt")
 
-    builder = {"strongly_typed": True, "precision": build["precision"], "workspace_mib": build["workspace_mib"],
+    precision = precision or _bundle_precision(bundle_dir) or build["precision"]
+    require_precision(target, precision)
+    builder = {"strongly_typed": True, "precision": precision, "workspace_mib": build["workspace_mib"],
                "builder_optimization_level": build["builder_optimization_level"],
                "hardware_compatibility": build["hardware_compatibility"],
                "version_compatible": build["version_compatible"], "timing_cache": TIMING_CACHE}

@@ -18,7 +18,10 @@ except ModuleNotFoundError:  # Python 3.10: JetPack 6's system Python
 from ...runtime.errors import SpecExportError
 
 OPS_FILE = "trt_ops.json"
-PRECISIONS = ("fp16",)  # strongly typed builds take the precision from the ONNX file
+# what the TensorRT export writes: fp16 pieces, and ModelOpt's INT8 (weights and activations) and INT4 (weight-only)
+# Q/DQ graphs of them; strongly typed builds take the precision from the ONNX file
+PRECISIONS = ("fp16", "int8", "int4")
+INT4_QDQ_OPSET = 21  # the first opset whose DequantizeLinear takes blocks (INT4 needs per-block scales)
 HARDWARE_COMPAT = ("none", "ampere+")
 # how the engines write their KV caches: "inplace" (TensorScatter, which TensorRT turns into an in-place
 # KV-cache update) where the target's TensorRT parses it, else "swap" (two buffers: TensorRT computes one buffer
@@ -114,9 +117,13 @@ def _validate(data: dict, path: Path) -> dict:
                          ("build", "workspace_mib")):
         if key not in data.get(section, {}):
             raise SpecExportError(f"{where} has no [{section}] {key}; every target needs one")
-    if build["precision"] not in PRECISIONS:
-        raise SpecExportError(f"{where} asks for precision {build['precision']!r}; TensorRT targets build"
-                              f" {', '.join(PRECISIONS)} (strongly typed, precision taken from the ONNX file)")
+    precisions = trt.get("precisions", ["fp16"])
+    if not isinstance(precisions, list) or not precisions or any(p not in PRECISIONS for p in precisions):
+        raise SpecExportError(f"{where} has [tensorrt] precisions = {precisions!r}; list some of"
+                              f" {', '.join(PRECISIONS)}")
+    if build["precision"] not in precisions:
+        raise SpecExportError(f"{where} builds precision {build['precision']!r} by default, which its [tensorrt]"
+                              f" precisions ({', '.join(precisions)}) leave out; pick one of those")
     if build["hardware_compatibility"] not in HARDWARE_COMPAT:
         raise SpecExportError(f"{where} has hardware_compatibility {build['hardware_compatibility']!r};"
                               f" use one of {', '.join(HARDWARE_COMPAT)}")
@@ -152,13 +159,16 @@ def _validate(data: dict, path: Path) -> dict:
     if not parses["opset_min"] <= opset <= parses["opset_max"]:
         raise SpecExportError(f"{where}: TensorRT {matrix} parses opsets {parses['opset_min']}-{parses['opset_max']},"
                               f" not the opset {opset} this target exports; fix the target's kv_update or version")
+    if "int4" in precisions and parses["opset_max"] < INT4_QDQ_OPSET:
+        raise SpecExportError(f"{where} lists int4, but TensorRT {matrix} parses opsets up to {parses['opset_max']}"
+                              f" and INT4 weight-only graphs need {INT4_QDQ_OPSET}; drop int4 from its precisions")
     return {
         "name": data.get("name", path.stem), "description": data.get("description", ""),
         "aliases": list(data.get("aliases", [])), "device": data.get("device", "dgpu"),
         "path": str(path), "software": dict(data.get("software", {})),
         "tensorrt": {"version": version, "matrix": matrix, "compute_capability": cc,
                      "sm": f"sm_{major}{minor}", "opset": opset,
-                     "parses_opsets": [parses["opset_min"], parses["opset_max"]]},
+                     "parses_opsets": [parses["opset_min"], parses["opset_max"]], "precisions": list(precisions)},
         "build": build, "memory": dict(data.get("memory", {})),
     }
 
@@ -185,3 +195,16 @@ def describe(target: dict) -> str:
             f" ({t['sm']}), {b['precision']}, context {b['max_context']}, batch {b['max_batch']},"
             f" workspace {b['workspace_mib']} MiB, opset {t['opset']} (parses {t['parses_opsets'][0]}-"
             f"{t['parses_opsets'][1]}), {b['kv_update']} KV updates")
+
+
+def require_precision(target: dict, precision: str) -> None:
+    """Refuses, in one sentence, a precision the target's TensorRT does not build (before anything is written)."""
+    allowed = target["tensorrt"]["precisions"]
+    if precision in allowed:
+        return
+    version, most = target["tensorrt"]["version"], target["tensorrt"]["parses_opsets"][1]
+    why = (f" (INT4 weight-only graphs need opset {INT4_QDQ_OPSET}, blocked DequantizeLinear, and it parses up to"
+           f" {most})" if precision == "int4" and most < INT4_QDQ_OPSET else "")
+    listed = " and ".join([", ".join(allowed[:-1]), allowed[-1]] if len(allowed) > 1 else allowed)
+    raise SpecExportError(f"target {target['name']}'s TensorRT {version} builds {listed} pieces, not {precision}{why};"
+                          f" use --precision {' or '.join(allowed)}")
