@@ -16,6 +16,7 @@ pieces are calibrated on what the fp16 pieces before them produce.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -163,11 +164,11 @@ def _feeds(spec: Piece, primary: np.ndarray, extra: dict[str, np.ndarray] | None
     return feeds
 
 
-def _run(bundle_dir: Path, spec: Piece, feeds: dict[str, np.ndarray], outputs: list[str]) -> list[np.ndarray]:
+def _run(path: Path, feeds: dict[str, np.ndarray], outputs: list[str]) -> list[np.ndarray]:
+    """One call of the graph at `path` on ONNX Runtime's CPU provider."""
     import onnxruntime as ort
 
-    session = ort.InferenceSession(str(bundle_dir / spec.file), providers=["CPUExecutionProvider"])
-    return session.run(outputs, feeds)
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(outputs, feeds)
 
 
 def calibration_feeds(bundle_dir: Path, pieces: dict[str, Piece], windows: np.ndarray) -> dict[str, dict]:
@@ -177,13 +178,13 @@ def calibration_feeds(bundle_dir: Path, pieces: dict[str, Piece], windows: np.nd
     for name in ("shallow", "drafter"):
         if name in pieces:
             out[name] = _feeds(pieces[name], windows)
-    hidden = _run(bundle_dir, pieces["shallow"], out["shallow"], ["hidden"])[0]
+    hidden = _run(bundle_dir / pieces["shallow"].file, out["shallow"], ["hidden"])[0]
     out["deep"] = _feeds(pieces["deep"], hidden)
     if "head" in pieces:
         names = [t.name for t in pieces["deep"].outputs]
         if "features" not in names:
             raise SpecExportError("the draft head reads deep's features, which this deep piece does not return")
-        features = _run(bundle_dir, pieces["deep"], out["deep"], ["features"])[0]
+        features = _run(bundle_dir / pieces["deep"].file, out["deep"], ["features"])[0]
         out["head"] = _feeds(pieces["head"], windows, {"features": features})
     return out
 
@@ -263,28 +264,16 @@ def block_for(models: list[onnx.ModelProto], how: Settings) -> int:
     return fits[0]
 
 
-def _logits(bundle_dir: Path, pieces: dict[str, Piece], files: dict[str, Path], windows: np.ndarray) -> dict:
-    """Each logits piece's logits on `windows`, through the files given (fp16 or quantized), deep and the head fed
-    by the shallow and deep among them."""
-    import onnxruntime as ort
-
-    def run(name: str, feeds: dict, outputs: list[str]) -> list[np.ndarray]:
-        session = ort.InferenceSession(str(files[name]), providers=["CPUExecutionProvider"])
-        return session.run(outputs, {k: v for k, v in feeds.items() if k in {i.name for i in session.get_inputs()}})
-
-    out: dict[str, np.ndarray] = {}
-    n = windows.shape[1]
-    hidden = run("shallow", _feeds(pieces["shallow"], windows), ["hidden"])[0]
-    deep_outputs = ["logits"] + (["features"] if "head" in pieces else [])
-    deep = run("deep", {**_feeds(pieces["deep"], hidden), "logits_to_keep": np.array([n], dtype=np.int64)},
-               deep_outputs)
-    out["deep"] = deep[0]
+def _logits(pieces: dict[str, Piece], files: dict[str, Path], windows: np.ndarray) -> dict:
+    """Each logits piece's logits at every position of `windows` (the feeds keep every row), through the files
+    given (fp16 or quantized), deep and the head fed by the shallow and deep among them."""
+    hidden = _run(files["shallow"], _feeds(pieces["shallow"], windows), ["hidden"])[0]
+    deep = _run(files["deep"], _feeds(pieces["deep"], hidden), ["logits"] + (["features"] if "head" in pieces else []))
+    out = {"deep": deep[0]}
     if "drafter" in pieces:
-        out["drafter"] = run("drafter", {**_feeds(pieces["drafter"], windows),
-                                         "logits_to_keep": np.array([n], dtype=np.int64)}, ["logits"])[0]
+        out["drafter"] = _run(files["drafter"], _feeds(pieces["drafter"], windows), ["logits"])[0]
     if "head" in pieces:
-        out["head"] = run("head", {**_feeds(pieces["head"], windows, {"features": deep[1]}),
-                                   "logits_to_keep": np.array([n], dtype=np.int64)}, ["logits"])[0]
+        out["head"] = _run(files["head"], _feeds(pieces["head"], windows, {"features": deep[1]}), ["logits"])[0]
     return out
 
 
@@ -297,7 +286,7 @@ def quantize_all(bundle_dir: Path, pieces: dict[str, Piece], tool: ModelOpt, how
     names = [n for n in QUANTIZED if n in pieces]
     graphs = {n: onnx.load(str(bundle_dir / pieces[n].file), load_external_data=False) for n in names}
     if how.precision == "int4":
-        how = Settings(how.precision, how.method, block_for(list(graphs.values()), how), how.sequences, how.length)
+        how = dataclasses.replace(how, block_size=block_for(list(graphs.values()), how))
     lm_heads = {n: bool(_lm_head_nodes(g)) for n, g in graphs.items()}
     del graphs
     feeds = calibration_feeds(bundle_dir, pieces, windows)
@@ -312,9 +301,9 @@ def quantize_all(bundle_dir: Path, pieces: dict[str, Piece], tool: ModelOpt, how
                                                      lm_heads[name]))
         if progress is not None:
             progress()
-    reference = _logits(bundle_dir, pieces, {n: bundle_dir / p.file for n, p in pieces.items()}, held_out)
-    quantized = _logits(bundle_dir, pieces, {**{n: bundle_dir / p.file for n, p in pieces.items()},
-                                             **{n: path for n, (path, _) in done.items()}}, held_out)
+    fp16 = {n: bundle_dir / p.file for n, p in pieces.items()}
+    reference = _logits(pieces, fp16, held_out)
+    quantized = _logits(pieces, {**fp16, **{n: path for n, (path, _) in done.items()}}, held_out)
     for name, logits in reference.items():
         share = teacher_forced_agreement([logits], [quantized[name]])
         if share < MIN_TOP1[how.precision]:
