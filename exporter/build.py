@@ -246,16 +246,13 @@ def _modelopt_pieces(writer, tool, how, cfg: dict, source, tokenizer, context: i
 
 def _check_precision(precision: str | None, flavour: str | None, backend: str | None, target: str | None) -> None:
     """Refuses a precision the backend cannot build, before anything is written: for TensorRT, one its target's
-    TensorRT lacks; for ONNX Runtime, quantized weights outside the ort flavour (MatMulNBits) and fp16."""
+    TensorRT lacks; for ONNX Runtime, quantized weights outside the ort flavour (MatMulNBits)."""
     if backend == "tensorrt" or target:
         if precision is not None:
             from .tensorrt.targets import load_target, require_precision
 
             require_precision(load_target(target or "orin-nano"), precision)
         return
-    if precision == "fp16":
-        raise SpecExportError("fp16 pieces are TensorRT's (the standard flavour); add --backend tensorrt --target"
-                              " DEVICE, or build for ONNX Runtime at fp32, int8 or int4")
     if precision is None or precision not in quantize.BITS:
         return
     if flavour not in (None, "ort"):
